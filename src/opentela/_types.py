@@ -1,0 +1,62 @@
+"""Contracts shared by every layer: identifiers, lifecycle states and the byte-stream protocol."""
+
+from __future__ import annotations
+
+import enum
+from typing import Protocol, runtime_checkable
+
+PeerId = str
+"""A node's identity: libp2p-style base58 of its Ed25519 public key ("12D3KooW...")."""
+
+SessionId = str
+"""A fresh random id per node start; the registry key. A restarted node gets a new one."""
+
+ProtocolName = str
+"""The name carried in a stream's opening frame, e.g. "/otela/http/1"."""
+
+
+class Lifecycle(enum.IntEnum):
+    """A node's lifecycle; merge keeps the greater rank, so a state never goes back."""
+
+    JOIN = 0
+    SERVING = 1
+    DOWN = 2
+    LEFT = 3
+
+
+PROTO_HTTP: ProtocolName = "/otela/http/1"
+PROTO_GOSSIP: ProtocolName = "/otela/gossip/1"
+PROTO_PROBE: ProtocolName = "/otela/probe/1"
+PROTO_RELAY: ProtocolName = "/otela/relay/1"
+PROTO_CONTROL: ProtocolName = "/otela/control/1"
+
+
+@runtime_checkable
+class Stream(Protocol):
+    """One logical, flow-controlled, bidirectional byte stream multiplexed over a peer connection.
+
+    `read` returns b"" once the remote side half-closed; `write_eof` half-closes our side; `reset`
+    aborts both directions at once and makes pending and later reads and writes on either side raise
+    `StreamResetError`.
+    """
+
+    @property
+    def protocol(self) -> ProtocolName: ...
+
+    @property
+    def remote_peer(self) -> PeerId: ...
+
+    @property
+    def stream_id(self) -> int: ...
+
+    async def read(self, max_bytes: int = -1) -> bytes: ...
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+    async def write_eof(self) -> None: ...
+
+    def reset(self, code: int = 0, message: str = "") -> None: ...
+
+    async def aclose(self) -> None: ...
