@@ -1,0 +1,5 @@
+"""`python -m opentela` runs the `otela` command line."""
+
+from opentela.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,173 @@
+"""The `otela` command line: start a node, run the demo, inspect a mesh, run an engine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from opentela import __version__
+from opentela._logging import setup_logging
+from opentela.errors import ConfigError, OpenTelaError
+
+
+def _add_start_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
+    p.add_argument("--bootstrap", action="append", metavar="ADDR", help="bootstrap peer (repeatable)")
+    p.add_argument("--provider-id", metavar="ID", help="provider this node belongs to")
+    p.add_argument("--listen", metavar="HOST:PORT", help="fabric listen address (default 0.0.0.0:0)")
+    p.add_argument("--advertise", action="append", metavar="HOST:PORT", help="address peers should dial")
+    p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
+    p.add_argument("--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)")
+    p.add_argument("--role", choices=["worker", "ingress"], help="node role")
+    p.add_argument("--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)")
+    p.add_argument("--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated")
+    p.add_argument("--engine-port", type=int, metavar="PORT", help="port of the engine's OpenAI server")
+    p.add_argument("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
+    p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
+    p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
+    p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
+    p.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text"))
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- engine command serving the OpenAI API")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of `otela`."""
+    parser = argparse.ArgumentParser(prog="otela", description="OpenTela: one OpenAI endpoint over a mesh of nodes.")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    start = sub.add_parser("start", help="start a node (and its engine)", description="Start a node.")
+    _add_start_flags(start)
+
+    demo = sub.add_parser("demo", help="a local mesh: an ingress and two embedded-engine workers")
+    demo.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
+    demo.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
+    demo.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
+    demo.add_argument("--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)")
+    demo.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
+    demo.add_argument("--dir", metavar="DIR", help="where the demo keeps keys and logs (default: a temp dir)")
+    demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the mesh to come up")
+
+    status = sub.add_parser("status", help="print the mesh as seen by an ingress")
+    status.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
+    status.add_argument("--json", action="store_true", help="print the raw table as JSON")
+
+    engine = sub.add_parser("engine", help="run an engine in the foreground")
+    esub = engine.add_subparsers(dest="engine_cmd", required=True, metavar="ENGINE")
+    emb = esub.add_parser("embedded", help="SmolLM2-135M-Instruct on llama.cpp (xllamacpp), CPU")
+    emb.add_argument("--host", default="127.0.0.1")
+    emb.add_argument("--port", type=int, default=8080)
+    emb.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
+    emb.add_argument("--parallel", type=int, default=2, help="sequences decoded together (continuous batching)")
+    emb.add_argument("--ctx-size", type=int, default=4096, help="context tokens shared by all slots")
+    sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
+    from opentela.engines.simulated import add_simulated_arguments
+
+    add_simulated_arguments(sim)
+
+    sub.add_parser("version", help="print the version")
+    cfg = sub.add_parser("config", help="configuration helpers")
+    cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
+    cfg_sub.add_parser("reference", help="print the configuration reference (Markdown)")
+    show = cfg_sub.add_parser("show", help="print the effective configuration")
+    show.add_argument("--config", metavar="FILE")
+    return parser
+
+
+def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    node: dict[str, Any] = {}
+    gateway: dict[str, Any] = {}
+    for name in ("provider_id", "listen", "key_file", "engine", "engine_port", "log_dir", "max_body_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            node[name] = value
+    if args.bootstrap:
+        node["bootstrap"] = tuple(args.bootstrap)
+    if args.advertise:
+        node["advertise"] = tuple(args.advertise)
+    if args.ingress or args.role:
+        node["role"] = "ingress" if args.ingress else args.role
+    if args.http:
+        gateway["http"] = args.http
+    if args.max_body_bytes is not None:
+        gateway["max_body_bytes"] = args.max_body_bytes
+    return {"node": node, "gateway": gateway}
+
+
+def _engine_command(args: argparse.Namespace) -> list[str]:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.process:
+        if command:
+            raise ConfigError("give the engine command either after -- or with --process, not both")
+        command = shlex.split(args.process)
+    return command
+
+
+def _run(coro: Any) -> int:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `otela` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "version":
+            print(f"otela {__version__}")
+            return 0
+        if args.cmd == "config":
+            from opentela.config import load_config, reference_markdown
+
+            if args.config_cmd == "reference":
+                print(reference_markdown(), end="")
+            else:
+                print(load_config(args.config))
+            return 0
+        if args.cmd == "engine":
+            setup_logging("INFO")
+            if args.engine_cmd == "embedded":
+                from opentela.engines.embedded import run_embedded
+
+                run_embedded(
+                    host=args.host, port=args.port, threads=args.threads, parallel=args.parallel, ctx_size=args.ctx_size
+                )
+            else:
+                from opentela.engines.simulated import run_simulated, simulated_config_from_args
+
+                run_simulated(simulated_config_from_args(args))
+            return 0
+        if args.cmd == "start":
+            from opentela.config import load_config
+            from opentela.runner import run_node
+
+            setup_logging(args.log_level, args.log_format)
+            config = load_config(args.config, flags=_start_flags(args))
+            return _run(run_node(config, _engine_command(args)))
+        if args.cmd == "demo":
+            from opentela.demo import run_demo
+
+            setup_logging("WARNING")
+            return _run(run_demo(args))
+        if args.cmd == "status":
+            from opentela.status import print_status
+
+            return _run(print_status(args.ingress, as_json=args.json))
+    except (ConfigError, OpenTelaError) as exc:
+        print(f"otela: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,114 @@
+"""The /otela/http/1 codec: an HTTP request and its response carried over one multiplexed stream.
+
+Request:  u32 head length | msgpack head {m, p, h, r, b} | b bytes of body | half-close.
+Response: u32 head length | msgpack head {s, h, e?} | body bytes as the engine produces them | half-close.
+A failure after the response head resets the stream with one of the RESET_* codes below.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+import msgpack
+
+from opentela._types import Stream
+from opentela.errors import ProtocolError
+
+MAX_HEAD_BYTES = 16 * 1024
+_LEN = struct.Struct(">I")
+
+# Stream reset codes for failures after the response head has been sent.
+RESET_ENGINE_CRASHED = 0x101
+RESET_ENGINE_TIMEOUT = 0x102
+RESET_CANCELLED = 0x103
+
+# Only these request headers travel: the engine needs nothing else, and every byte is on the hot path.
+FORWARDED_REQUEST_HEADERS = ("content-type", "accept")
+FORWARDED_RESPONSE_HEADERS = ("content-type",)
+
+
+@dataclass(slots=True)
+class TunnelRequest:
+    """An HTTP request as the serving node receives it."""
+
+    method: str
+    path: str
+    body: bytes
+    request_id: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TunnelResponseHead:
+    """Status and headers of a tunnelled response; `error_code` names an OpenTela error when the node failed it."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    error_code: str | None = None
+
+
+def _pack_head(obj: dict) -> bytes:
+    head = msgpack.packb(obj, use_bin_type=True)
+    return _LEN.pack(len(head)) + head
+
+
+async def _read_head(stream: Stream) -> dict:
+    raw_len = await stream.readexactly(4)
+    (length,) = _LEN.unpack(raw_len)
+    if length > MAX_HEAD_BYTES:
+        raise ProtocolError(f"tunnel head of {length} bytes is over the {MAX_HEAD_BYTES} byte limit")
+    try:
+        head = msgpack.unpackb(await stream.readexactly(length), raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
+        raise ProtocolError(f"malformed tunnel head: {exc}") from exc
+    if not isinstance(head, dict):
+        raise ProtocolError("tunnel head is not a map")
+    return head
+
+
+def encode_request(req: TunnelRequest) -> bytes:
+    """Head and body of a request, ready to write in one go."""
+    head = {"m": req.method, "p": req.path, "r": req.request_id, "b": len(req.body)}
+    if req.headers:
+        head["h"] = req.headers
+    return _pack_head(head) + req.body
+
+
+async def read_request(stream: Stream, max_body: int) -> TunnelRequest:
+    """Read one tunnelled request; ProtocolError if it is malformed or over `max_body`."""
+    head = await _read_head(stream)
+    try:
+        method, path, request_id, body_len = head["m"], head["p"], head["r"], head["b"]
+        headers = head.get("h", {})
+    except KeyError as exc:
+        raise ProtocolError(f"tunnel request head lacks {exc}") from None
+    if not (isinstance(method, str) and isinstance(path, str) and path.startswith("/")):
+        raise ProtocolError("tunnel request head has a bad method or path")
+    if not isinstance(body_len, int) or not 0 <= body_len <= max_body:
+        raise ProtocolError(f"tunnel request body length {body_len!r} is invalid or over {max_body}")
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise ProtocolError("tunnel request headers must map strings to strings")
+    body = await stream.readexactly(body_len) if body_len else b""
+    return TunnelRequest(method, path, body, str(request_id), headers)
+
+
+def encode_response_head(head: TunnelResponseHead) -> bytes:
+    """The response head, to be followed by the body bytes."""
+    obj: dict = {"s": head.status}
+    if head.headers:
+        obj["h"] = head.headers
+    if head.error_code:
+        obj["e"] = head.error_code
+    return _pack_head(obj)
+
+
+async def read_response_head(stream: Stream) -> TunnelResponseHead:
+    """Read the response head; the body follows on the same stream."""
+    head = await _read_head(stream)
+    status, headers, error_code = head.get("s"), head.get("h", {}), head.get("e")
+    if not isinstance(status, int) or not 100 <= status <= 599 or not isinstance(headers, dict):
+        raise ProtocolError("tunnel response head is malformed")
+    return TunnelResponseHead(status, {str(k): str(v) for k, v in headers.items()}, error_code)

@@ -1,0 +1,93 @@
+"""The ingress gateway: an aiohttp application serving the OpenAI API over the node's mesh view."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+from opentela.gateway._config import GatewayConfig
+from opentela.gateway.errors import error_middleware
+from opentela.gateway.forwarder import Forwarder
+from opentela.gateway.mesh import Mesh
+from opentela.gateway.metrics import GatewayMetrics
+from opentela.gateway.policies import create_policy
+from opentela.gateway.routes import infra
+from opentela.gateway.routes.inference import INFERENCE_PATHS, handle_inference
+
+logger = logging.getLogger(__name__)
+access_log = logging.getLogger("opentela.gateway.access")
+
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@web.middleware
+async def request_id_middleware(request: web.Request, handler):  # noqa: ANN001, ANN201
+    """Give every request an id (the client's X-Request-Id when sane) that travels end to end."""
+    given = request.headers.get("X-Request-Id", "")
+    request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
+    request["request_id"] = request_id
+    response = await handler(request)
+    if not response.prepared:
+        response.headers.setdefault("X-Otela-Request-Id", request_id)
+    return response
+
+
+class Gateway:
+    """Serves the OpenAI-compatible API and the read-only infrastructure endpoints of one ingress node."""
+
+    def __init__(self, mesh: Mesh, config: GatewayConfig | None = None) -> None:
+        self.mesh = mesh
+        self.config = config or GatewayConfig()
+        self.metrics = GatewayMetrics()
+        self.forwarder = Forwarder(self.config, create_policy(self.config.policy), mesh.open_http_stream)
+        self.app = self._build_app()
+        self._runner: web.AppRunner | None = None
+        self.url: str = ""
+
+    def __repr__(self) -> str:
+        return f"<Gateway {self.url or 'not listening'} policy={self.forwarder.policy.name}>"
+
+    def _build_app(self) -> web.Application:
+        app = web.Application(
+            middlewares=[request_id_middleware, error_middleware], client_max_size=self.config.max_body_bytes
+        )
+        app["gateway"] = self
+        for path in INFERENCE_PATHS:
+            app.router.add_post(path, handle_inference)
+        app.router.add_get("/v1/models", infra.list_models)
+        app.router.add_get("/v1/dnt/table", infra.dnt_table)
+        app.router.add_get("/v1/dnt/peers", infra.dnt_peers)
+        app.router.add_get("/v1/dnt/bootstraps", infra.dnt_bootstraps)
+        app.router.add_get("/v1/dnt/stats", infra.dnt_stats)
+        app.router.add_get("/v1/health", infra.health)
+        app.router.add_get("/metrics", infra.metrics)
+        return app
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on host:port (0 picks a free port); returns the base URL."""
+        self._runner = web.AppRunner(self.app, access_log=access_log, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        sockets = self._runner.addresses
+        bound_port = sockets[0][1] if sockets else port
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{shown}:{bound_port}"
+        logger.info("gateway listening on %s", self.url)
+        return self.url
+
+    async def aclose(self) -> None:
+        """Stop listening and finish."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Gateway:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

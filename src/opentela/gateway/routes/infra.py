@@ -1,0 +1,89 @@
+"""Read-only views of the local registry replica: models, table, peers, bootstraps, stats, health, metrics."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from opentela.registry.record import NodeRecord
+
+if TYPE_CHECKING:
+    from opentela.gateway.app import Gateway
+
+
+def _hardware_summary(record: NodeRecord) -> dict[str, Any]:
+    hw = record.hardware or {}
+    gpus = hw.get("gpus") or []
+    cpu = hw.get("cpu") or {}
+    return {
+        "gpus": [{"name": g.get("name"), "memory_mib": g.get("memory_mib")} for g in gpus if isinstance(g, dict)],
+        "cpu": cpu.get("model"),
+        "cpu_threads": cpu.get("threads"),
+        "ram_mib": hw.get("ram_mib"),
+    }
+
+
+def _replica(gw: Gateway, record: NodeRecord, model: str) -> dict[str, Any]:
+    entry = next((m for m in record.models if m.id == model), None)
+    return {
+        "session_id": record.session_id,
+        "peer_id": record.peer_id,
+        "provider_id": record.provider_id,
+        "state": record.lifecycle.name,
+        "suspected": gw.mesh.is_suspected(record.peer_id),
+        "engine": entry.engine if entry else "",
+        "settings": dict(entry.settings) if entry else {},
+        "hardware": _hardware_summary(record),
+    }
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /v1/models: the model registry view in OpenAI's shape, with each model's replicas."""
+    gw: Gateway = request.app["gateway"]
+    data = []
+    for model, records in sorted(gw.mesh.model_replicas().items()):
+        data.append(
+            {
+                "id": model,
+                "object": "model",
+                "created": int(min(r.started_at for r in records)),
+                "owned_by": "opentela",
+                "replicas": [_replica(gw, r, model) for r in records],
+            }
+        )
+    return web.json_response({"object": "list", "data": data})
+
+
+async def dnt_table(request: web.Request) -> web.Response:
+    """GET /v1/dnt/table: every record of the local replica."""
+    return web.json_response(request.app["gateway"].mesh.table())
+
+
+async def dnt_peers(request: web.Request) -> web.Response:
+    """GET /v1/dnt/peers: connected peers and their liveness as this node sees them."""
+    return web.json_response(request.app["gateway"].mesh.peers())
+
+
+async def dnt_bootstraps(request: web.Request) -> web.Response:
+    """GET /v1/dnt/bootstraps: where this node bootstrapped from and where others can bootstrap from it."""
+    return web.json_response(request.app["gateway"].mesh.bootstraps())
+
+
+async def dnt_stats(request: web.Request) -> web.Response:
+    """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters."""
+    gw: Gateway = request.app["gateway"]
+    stats = gw.mesh.stats()
+    stats["gateway"] = {"retries": gw.forwarder.retries, "policy": gw.forwarder.policy.name}
+    return web.json_response(stats)
+
+
+async def health(request: web.Request) -> web.Response:
+    """GET /v1/health: liveness of this node."""
+    return web.json_response(request.app["gateway"].mesh.health())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format."""
+    body = request.app["gateway"].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

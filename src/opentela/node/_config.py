@@ -1,0 +1,48 @@
+"""Settings of a node: where it listens, whom it bootstraps from, who provides it and what engine it runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """Identity, addresses, role and engine of one node."""
+
+    listen: str = field(
+        default="0.0.0.0:0",
+        metadata={"help": "HOST:PORT the fabric (peer-to-peer TLS) listens on; port 0 picks a free port."},
+    )
+    advertise: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Addresses other peers should dial (default: the listen address, or this host's IPs)."},
+    )
+    bootstrap: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Peers to join through: HOST:PORT, PEERID@HOST:PORT or /ip4/.../tcp/.../p2p/PEERID."},
+    )
+    provider_id: str = field(
+        default="", metadata={"help": "Who provides this node; users name providers they trust (default: user@host)."}
+    )
+    key_file: str = field(
+        default="", metadata={"help": "Ed25519 identity key (default: $XDG_CONFIG_HOME/opentela/identity.key)."}
+    )
+    role: str = field(default="worker", metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."})
+    engine: str = field(
+        default="", metadata={"help": "Engine shorthand (`embedded`, `simulated`) when no command is given."}
+    )
+    engine_port: int = field(
+        default=0, metadata={"help": "Port of the engine command's OpenAI server (0: detect or pick one)."}
+    )
+    log_dir: str = field(
+        default="", metadata={"help": "Where engine logs go (default: $XDG_STATE_HOME/opentela/logs)."}
+    )
+    ready_timeout: float = field(
+        default=900.0, metadata={"help": "Seconds the engine may take to answer /v1/models before the node gives up."}
+    )
+    stop_timeout: float = field(
+        default=10.0, metadata={"help": "Seconds between SIGTERM and SIGKILL when stopping the engine."}
+    )
+    max_body_bytes: int = field(
+        default=8 * 1024 * 1024, metadata={"help": "Largest tunnelled request this node accepts for its engine."}
+    )

@@ -1,0 +1,328 @@
+"""The node agent: joins the mesh, supervises the engine, keeps this node's record true, serves tunnelled requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import logging
+import socket
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
+from opentela.engines.base import EngineSpec
+from opentela.errors import EngineCrashedError, OpenTelaError, UpstreamTimeout
+from opentela.fabric._config import FabricConfig
+from opentela.fabric.addresses import parse_addr
+from opentela.fabric.host import Host
+from opentela.fabric.identity import Identity
+from opentela.fabric.memory import memory_stream_pair
+from opentela.node._config import NodeConfig
+from opentela.node.hardware import probe_hardware
+from opentela.node.http_service import LocalEngineProxy
+from opentela.node.supervisor import EngineSupervisor
+from opentela.registry._config import RegistryConfig
+from opentela.registry.gossip import Gossip
+from opentela.registry.membership import Membership
+from opentela.registry.record import ModelEntry, NodeRecord
+from opentela.registry.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_ENGINE_DIED = 3
+EXIT_ENGINE_NOT_READY = 4
+
+
+def default_provider_id() -> str:
+    """user@host, so a provider is named even when the operator did not say."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "anonymous"
+    return f"{user}@{socket.gethostname()}"
+
+
+def advertised_addrs(listen_addrs: list[str], configured: tuple[str, ...]) -> tuple[str, ...]:
+    """What peers should dial: the configured addresses, else the bound ones with wildcards made concrete."""
+    if configured:
+        return configured
+    out: list[str] = []
+    for addr in listen_addrs:
+        host, port, _ = parse_addr(addr)
+        if host in ("0.0.0.0", "::", ""):
+            ips = {"127.0.0.1"}
+            with contextlib.suppress(OSError):
+                ips.update(
+                    info[4][0]
+                    for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+                    if not info[4][0].startswith("127.")
+                )
+            # Routable addresses first: peers try them in order.
+            out.extend(f"{ip}:{port}" for ip in sorted(ips, key=lambda ip: ip.startswith("127.")))
+        else:
+            out.append(f"{host}:{port}")
+    return tuple(out)
+
+
+class NodeAgent:
+    """One OpenTela node: fabric host, registry replica, gossip, liveness, and optionally an engine."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        node: NodeConfig,
+        fabric: FabricConfig | None = None,
+        registry: RegistryConfig | None = None,
+        *,
+        engine: EngineSpec | None = None,
+        log_dir: Path | None = None,
+    ) -> None:
+        self.identity = identity
+        self.node_config = node
+        self.fabric_config = fabric or FabricConfig()
+        self.registry_config = registry or RegistryConfig()
+        self.engine = engine
+        self.session_id = uuid.uuid4().hex
+        self.provider_id = node.provider_id or default_provider_id()
+        self.log_dir = log_dir
+        self.engine_log: Path | None = None
+        self.host: Host | None = None
+        self.registry: Registry | None = None
+        self.gossip: Gossip | None = None
+        self.membership: Membership | None = None
+        self.supervisor: EngineSupervisor | None = None
+        self.proxy = LocalEngineProxy(self._engine_url, max_body=node.max_body_bytes)
+        self.exit_code: int | None = None
+        self._stop = asyncio.Event()
+        self._engine_ready = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._failures: dict[str, int] = {}
+
+    def __repr__(self) -> str:
+        state = self.registry.local.lifecycle.name if self.registry else "new"
+        return f"<NodeAgent {self.peer_id[-8:]} session={self.session_id[:8]} {state}>"
+
+    # --- identity -----------------------------------------------------------------------------------------
+    @property
+    def peer_id(self) -> PeerId:
+        """This node's peer id."""
+        return self.identity.peer_id
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        """Bound fabric addresses."""
+        return self.host.listen_addrs if self.host else []
+
+    @property
+    def bootstrap_addr(self) -> str:
+        """An address others can pass to --bootstrap to join through this node."""
+        record = self.registry.local if self.registry else None
+        addr = record.addrs[0] if record and record.addrs else (self.listen_addrs or ["?"])[0]
+        return f"{self.peer_id}@{addr}"
+
+    def _engine_url(self) -> str | None:
+        return self.engine.base_url if self.engine is not None and self._engine_ready else None
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def __aenter__(self) -> NodeAgent:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Listen, register JOIN with our hardware, start gossip and liveness, bootstrap, launch the engine."""
+        self.host = await Host.create(self.identity, self.node_config.listen, config=self.fabric_config)
+        hardware = await asyncio.to_thread(probe_hardware)
+        roles = ("ingress",) if self.node_config.role == "ingress" else ("worker",)
+        now = time.time()
+        first = NodeRecord(
+            session_id=self.session_id,
+            peer_id=self.peer_id,
+            provider_id=self.provider_id,
+            lifecycle=Lifecycle.JOIN,
+            version=1,
+            addrs=advertised_addrs(self.host.listen_addrs, self.node_config.advertise),
+            relays=(),
+            roles=roles,
+            hardware=hardware,
+            models=(),
+            started_at=now,
+            updated_at=now,
+            signer=self.peer_id,
+            reason="",
+            signature=b"",
+        ).signed(self.identity)
+        self.registry = Registry(self.identity, first, config=self.registry_config)
+        self.membership = Membership(self.host, self.registry, config=self.registry_config)
+        self.gossip = Gossip(self.host, self.registry, self.membership, config=self.registry_config)
+        self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream)
+        await self.membership.start()
+        await self.gossip.start()
+        logger.info(
+            "node joined as JOIN",
+            extra={"peer_id": self.peer_id, "session": self.session_id, "addrs": ",".join(first.addrs)},
+        )
+        if self.node_config.bootstrap:
+            self._spawn(self._bootstrap(), "bootstrap")
+        if self.engine is not None:
+            log_dir = self.log_dir or Path.cwd()
+            log_dir.mkdir(parents=True, exist_ok=True)
+            self.engine_log = log_dir / f"engine-{self.session_id[:12]}.log"
+            self._spawn(self._run_engine(), "engine")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"otela-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("%s failed", task.get_name(), exc_info=task.exception())
+            self.request_stop(1)
+
+    async def _bootstrap(self) -> None:
+        assert self.host is not None
+        peers = await self.host.bootstrap(list(self.node_config.bootstrap))
+        logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
+
+    async def _run_engine(self) -> None:
+        assert self.engine is not None and self.registry is not None and self.engine_log is not None
+        self.supervisor = EngineSupervisor(
+            self.engine, self.engine_log, ready_timeout=self.node_config.ready_timeout
+        )
+        await self.supervisor.start()
+        logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
+        try:
+            served = await self.supervisor.wait_ready()
+        except (EngineCrashedError, UpstreamTimeout) as exc:
+            logger.error("engine never became ready: %s", exc)
+            await self._go_down(f"engine not ready: {exc.message}")
+            self.request_stop(EXIT_ENGINE_NOT_READY)
+            return
+        models = tuple(ModelEntry(id=str(m["id"]), engine=self.engine.name) for m in served if m.get("id"))
+        self._engine_ready = True
+        self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models)
+        logger.info("serving", extra={"models": ",".join(m.id for m in models)})
+        code = await self.supervisor.wait_exit()
+        self._engine_ready = False
+        if self._stop.is_set():
+            return
+        logger.error("engine exited with code %s; marking this node DOWN", code, extra={"log": str(self.engine_log)})
+        await self._go_down(f"engine exited with code {code}")
+        self.request_stop(EXIT_ENGINE_DIED)
+
+    async def _go_down(self, reason: str) -> None:
+        assert self.registry is not None and self.gossip is not None
+        self.registry.update_local(lifecycle=Lifecycle.DOWN, reason=reason)
+        await self.gossip.flush(timeout=2.0)
+
+    def request_stop(self, code: int = EXIT_OK) -> None:
+        """Ask the node to stop (signal handlers call this); the first code given wins."""
+        if self.exit_code is None:
+            self.exit_code = code
+        self._stop.set()
+
+    async def wait(self) -> int:
+        """Block until the node is asked to stop or its engine dies; returns the process exit code."""
+        await self._stop.wait()
+        return self.exit_code or 0
+
+    async def aclose(self) -> None:
+        """Leave: write LEFT, tell peers, stop the engine, close the fabric."""
+        self._stop.set()
+        if self.registry is not None and self.gossip is not None and self.registry.local.lifecycle < Lifecycle.LEFT:
+            with contextlib.suppress(OpenTelaError):
+                self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
+                await self.gossip.flush(timeout=2.0)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.supervisor is not None:
+            await self.supervisor.stop(timeout=self.node_config.stop_timeout)
+        await self.proxy.aclose()
+        if self.gossip is not None:
+            await self.gossip.aclose()
+        if self.membership is not None:
+            await self.membership.aclose()
+        if self.host is not None:
+            await self.host.aclose()
+
+    # --- the Mesh contract the gateway reads ----------------------------------------------------------------
+    def candidates(self, model: str) -> list[NodeRecord]:
+        """SERVING replicas of `model` that are not suspected."""
+        assert self.registry is not None and self.membership is not None
+        suspected = self.membership.is_suspected
+        return [r for r in self.registry.candidates(model) if not suspected(r.peer_id)]
+
+    def model_replicas(self) -> dict[str, list[NodeRecord]]:
+        """SERVING records per model."""
+        assert self.registry is not None
+        return self.registry.model_replicas()
+
+    def known_model_ids(self) -> set[str]:
+        """Every model any record has served."""
+        assert self.registry is not None
+        return self.registry.known_models()
+
+    def is_suspected(self, peer_id: PeerId) -> bool:
+        """Local liveness verdict."""
+        return self.membership is not None and self.membership.is_suspected(peer_id)
+
+    async def open_http_stream(self, target: NodeRecord, timeout: float) -> Stream:
+        """A tunnel stream to `target`; to ourselves it never leaves the process."""
+        assert self.host is not None
+        if target.session_id == self.session_id:
+            ours, theirs = memory_stream_pair(PROTO_HTTP, self.peer_id, self.peer_id)
+            self._spawn(self.proxy.handle_stream(theirs), "local-http")
+            return ours
+        return await self.host.open_stream(target.peer_id, PROTO_HTTP, addrs=target.addrs, timeout=timeout)
+
+    def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
+        """Transport failures make the liveness layer look at the peer now rather than at its next probe."""
+        self._failures[target.session_id] = self._failures.get(target.session_id, 0) + 1
+        if self.membership is not None and error.code in ("peer_unreachable", "dial_timeout", "connection_closed"):
+            self.membership.suspect(target.peer_id, reason=error.code)
+
+    def table(self) -> list[dict[str, Any]]:
+        """Every record, JSON-ready."""
+        assert self.registry is not None
+        return self.registry.snapshot()
+
+    def peers(self) -> list[dict[str, Any]]:
+        """Connected and known peers with their liveness."""
+        assert self.host is not None and self.membership is not None
+        return self.membership.snapshot()
+
+    def bootstraps(self) -> dict[str, Any]:
+        """Configured bootstrap peers and our own joinable address."""
+        return {"configured": list(self.node_config.bootstrap), "self": [self.bootstrap_addr]}
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of every layer."""
+        assert self.registry is not None and self.gossip is not None
+        return {
+            "registry": self.registry.stats(),
+            "gossip": self.gossip.stats(),
+            "proxy": {"in_flight": self.proxy.in_flight, "served": self.proxy.served},
+            "failures_by_session": dict(self._failures),
+        }
+
+    def health(self) -> dict[str, Any]:
+        """Liveness of this node."""
+        assert self.registry is not None
+        local = self.registry.local
+        return {
+            "status": "ok" if local.lifecycle <= Lifecycle.SERVING else local.lifecycle.name.lower(),
+            "peer_id": self.peer_id,
+            "session_id": self.session_id,
+            "state": local.lifecycle.name,
+            "models": [m.id for m in local.models],
+            "nodes_known": len(self.registry),
+        }

@@ -1,0 +1,138 @@
+"""Serving side of /otela/http/1: replay a tunnelled request against the local engine and stream the answer back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+
+import aiohttp
+
+from opentela._types import Stream
+from opentela.errors import (
+    EngineCrashedError,
+    EngineUnavailableError,
+    OpenTelaError,
+    ProtocolError,
+    UpstreamTimeout,
+)
+from opentela.fabric.http_tunnel import (
+    FORWARDED_RESPONSE_HEADERS,
+    RESET_ENGINE_CRASHED,
+    RESET_ENGINE_TIMEOUT,
+    TunnelRequest,
+    TunnelResponseHead,
+    encode_response_head,
+    read_request,
+)
+
+logger = logging.getLogger(__name__)
+
+_ALLOWED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
+
+
+class LocalEngineProxy:
+    """Forwards requests to the engine on this node over a keep-alive HTTP pool."""
+
+    def __init__(
+        self,
+        engine_url: Callable[[], str | None],
+        *,
+        max_body: int,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 600.0,
+    ) -> None:
+        self._engine_url = engine_url
+        self._max_body = max_body
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._session: aiohttp.ClientSession | None = None
+        self.in_flight = 0
+        self.served = 0
+
+    def __repr__(self) -> str:
+        return f"<LocalEngineProxy engine={self._engine_url()} in_flight={self.in_flight}>"
+
+    async def aclose(self) -> None:
+        """Close the HTTP pool."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            # Loopback only, so no DNS cache games; a generous pool because streams may be long-lived.
+            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=30)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False)
+        return self._session
+
+    async def handle_stream(self, stream: Stream) -> None:
+        """Handler for /otela/http/1 streams."""
+        try:
+            request = await read_request(stream, self._max_body)
+        except (ProtocolError, asyncio.IncompleteReadError) as exc:
+            logger.warning("bad tunnel request from %s: %s", stream.remote_peer, exc)
+            stream.reset(1, f"bad request: {exc}")
+            return
+        await self.forward(request, stream)
+
+    async def forward(self, request: TunnelRequest, stream: Stream) -> None:
+        """Send `request` to the engine and write the response head and body to `stream`."""
+        base = self._engine_url()
+        if base is None or request.path not in _ALLOWED_PATHS:
+            err: OpenTelaError = (
+                EngineUnavailableError("the engine on this node is not serving")
+                if base is None
+                else ProtocolError(f"path {request.path} is not forwarded")
+            )
+            await self._write_error(stream, err)
+            return
+        headers = dict(request.headers)
+        headers["X-Request-Id"] = request.request_id
+        self.in_flight += 1
+        head_sent = False
+        try:
+            async with self._client().request(
+                request.method, base + request.path, data=request.body or None, headers=headers
+            ) as resp:
+                out_headers = {k: resp.headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in resp.headers}
+                head = encode_response_head(TunnelResponseHead(resp.status, out_headers))
+                if resp.content_length is not None:
+                    # Small, complete bodies go out with the head in one write: one frame, one syscall.
+                    body = await resp.read()
+                    await stream.write(head + body)
+                    head_sent = True
+                else:
+                    await stream.write(head)
+                    head_sent = True
+                    async for chunk in resp.content.iter_any():
+                        await stream.write(chunk)
+            await stream.write_eof()
+            self.served += 1
+        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+            logger.warning("engine failed request %s: %r", request.request_id, exc)
+            if head_sent:
+                stream.reset(RESET_ENGINE_CRASHED, f"engine connection lost: {exc}")
+            else:
+                await self._write_error(stream, EngineCrashedError(f"engine unreachable: {exc}"))
+        except OpenTelaError as exc:
+            # The ingress went away (client disconnected or connection lost): leaving the `async with` closes
+            # the engine response, which makes the engine stop generating for it.
+            logger.debug("tunnel for %s closed early: %r", request.request_id, exc)
+        except TimeoutError:
+            if head_sent:
+                stream.reset(RESET_ENGINE_TIMEOUT, "engine stopped producing output")
+            else:
+                await self._write_error(stream, UpstreamTimeout("engine did not answer in time"))
+        finally:
+            self.in_flight -= 1
+
+    @staticmethod
+    async def _write_error(stream: Stream, err: OpenTelaError) -> None:
+        body = json.dumps(err.to_openai()).encode()
+        head = TunnelResponseHead(err.status_code, {"content-type": "application/json"}, err.code)
+        try:
+            await stream.write(encode_response_head(head) + body)
+            await stream.write_eof()
+        except OpenTelaError:
+            pass

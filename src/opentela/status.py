@@ -1,0 +1,72 @@
+"""`otela status`: the mesh as an ingress sees it, as a table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+from rich.console import Console
+from rich.table import Table
+
+from opentela.errors import PeerUnreachableError
+
+
+def hardware_text(hw: dict[str, Any]) -> str:
+    """One-line hardware summary: GPUs if any, else CPU threads; then RAM."""
+    gpus = [g for g in hw.get("gpus") or [] if isinstance(g, dict)]
+    if gpus:
+        names: dict[str, int] = {}
+        for g in gpus:
+            label = f"{g.get('name', 'GPU')} {round((g.get('memory_mib') or 0) / 1024)}G"
+            names[label] = names.get(label, 0) + 1
+        head = ", ".join(f"{n}x {label}" for label, n in names.items())
+    else:
+        cpu = hw.get("cpu") or {}
+        head = f"CPU {cpu.get('threads', '?')} threads"
+    ram = hw.get("ram_mib")
+    return f"{head}, {round(ram / 1024)} GiB RAM" if ram else head
+
+
+async def fetch_mesh(ingress: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The registry table and the peer list of an ingress."""
+    base = ingress.rstrip("/").removesuffix("/v1")
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(f"{base}/v1/dnt/table") as resp:
+                resp.raise_for_status()
+                table = await resp.json()
+            async with http.get(f"{base}/v1/dnt/peers") as resp:
+                resp.raise_for_status()
+                peers = await resp.json()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise PeerUnreachableError(f"cannot read the mesh from {base}: {exc}") from exc
+    return table, peers
+
+
+async def print_status(ingress: str, *, as_json: bool = False) -> int:
+    """Print the nodes of the mesh with state, hardware and models."""
+    table, peers = await fetch_mesh(ingress)
+    if as_json:
+        print(json.dumps({"nodes": table, "peers": peers}, indent=2))
+        return 0
+    suspected = {p.get("peer_id") for p in peers if p.get("suspected")}
+    out = Table(title=f"OpenTela mesh at {ingress}", show_lines=False)
+    for col in ("node", "session", "provider", "role", "state", "hardware", "models", "address"):
+        out.add_column(col, overflow="fold")
+    for rec in sorted(table, key=lambda r: (r.get("lifecycle", ""), r.get("provider_id", ""))):
+        state = rec.get("lifecycle", "?")
+        if rec.get("peer_id") in suspected and state in ("JOIN", "SERVING"):
+            state += " (suspected)"
+        out.add_row(
+            "…" + str(rec.get("peer_id", ""))[-8:],
+            str(rec.get("session_id", ""))[:8],
+            str(rec.get("provider_id", "")),
+            ",".join(rec.get("roles", [])),
+            state,
+            hardware_text(rec.get("hardware") or {}),
+            ", ".join(m.get("id", "") for m in rec.get("models", [])) or "-",
+            ", ".join(rec.get("addrs", [])[:1]),
+        )
+    Console().print(out)
+    return 0
