@@ -1,0 +1,630 @@
+"""The simulated engine: an OpenAI-compatible server faking tokens on a timing model, with fault injection.
+
+It stands in for real inference in tests and overhead benchmarks. It never pretends to be a real model:
+/v1/models reports ``owned_by: "otela-simulator"`` and the generated text is filler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import json
+import math
+import os
+import random
+import signal
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from opentela.engines._registry import register_engine
+from opentela.engines.base import EngineAdapter, EngineSpec, free_port, module_index, program_index
+from opentela.errors import ConfigError
+
+OWNER = "otela-simulator"
+CRASH_EXIT_CODE = 3
+"""Exit status of a simulated crash (``crash_after``), distinct from a clean stop."""
+_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
+
+
+@dataclass(frozen=True)
+class SimulatedConfig:
+    """Timing model, identity and failure injection of one simulated engine."""
+
+    model: str = field(default="sim-model", metadata={"help": "model id served and checked in requests"})
+    host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
+    port: int = field(default=0, metadata={"help": "port to bind (0: any free port)"})
+    ttft_ms: float = field(default=20.0, metadata={"help": "time to first token, from arrival or dequeue"})
+    itl_ms: float = field(default=5.0, metadata={"help": "inter-token latency of one request"})
+    itl_per_active_ms: float = field(
+        default=0.0, metadata={"help": "extra inter-token latency per other request decoding (batching cost)"}
+    )
+    default_max_tokens: int = field(default=16, metadata={"help": "output tokens when max_tokens is absent"})
+    max_concurrency: int = field(default=64, metadata={"help": "requests decoded at once; the rest queue"})
+    error_rate: float = field(default=0.0, metadata={"help": "fraction of requests answered with a 500"})
+    crash_after: int | None = field(
+        default=None,
+        metadata={"help": "serve N requests, then exit hard on the next (mid-stream if streaming)"},
+    )
+    hang_after: int | None = field(
+        default=None, metadata={"help": "serve N requests, then stop answering anything, health included"}
+    )
+    embedding_dim: int = field(default=64, metadata={"help": "length of /v1/embeddings vectors"})
+    seed: int = field(default=0, metadata={"help": "seed for error injection draws"})
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0 or self.itl_ms < 0 or self.itl_per_active_ms < 0:
+            raise ConfigError("simulated engine latencies must be >= 0")
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ConfigError(f"error_rate must be in [0, 1], got {self.error_rate}")
+        if self.max_concurrency < 1 or self.embedding_dim < 1 or self.default_max_tokens < 0:
+            raise ConfigError("max_concurrency and embedding_dim must be >= 1, default_max_tokens >= 0")
+
+    def to_argv(self) -> list[str]:
+        """The flags that reproduce this config (only fields that differ from the defaults)."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value != f.default:
+                out += ["--" + f.name.replace("_", "-"), str(value)]
+        return out
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add one ``--flag`` per field, with the field's help text, to `parser`."""
+        for f in dataclasses.fields(cls):
+            kind = int if f.default is None else type(f.default)
+            parser.add_argument(
+                "--" + f.name.replace("_", "-"), type=kind, default=f.default, help=f.metadata["help"]
+            )
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> SimulatedConfig:
+        """Build a config from flags parsed by `add_arguments`."""
+        return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_argv(cls, argv: Sequence[str]) -> SimulatedConfig:
+        """Parse ``otela engine simulated`` flags."""
+        parser = argparse.ArgumentParser(prog="otela engine simulated")
+        cls.add_arguments(parser)
+        return cls.from_namespace(parser.parse_args(argv))
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count of English text: one token per four characters."""
+    return math.ceil(len(text) / 4)
+
+
+def embedding_vector(text: str, dim: int, model: str) -> list[float]:
+    """A deterministic unit vector for `text`: equal texts embed equally, different ones almost never."""
+    raw = b""
+    for block in itertools.count():
+        if len(raw) >= 4 * dim:
+            break
+        raw += hashlib.blake2b(f"{model}\0{block}\0{text}".encode(), digest_size=64).digest()
+    ints = struct.unpack(f"<{dim}I", raw[: 4 * dim])
+    vec = [i / 2**31 - 1.0 for i in ints]
+    norm = math.sqrt(sum(v * v for v in vec)) or 1.0
+    return [v / norm for v in vec]
+
+
+def _error(status: int, message: str, error_type: str, code: str) -> web.Response:
+    body = {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    return web.Response(status=status, text=json.dumps(body), content_type="application/json")
+
+
+class _BadRequest(Exception):
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.text)
+        self.response = response
+
+
+def _invalid(message: str) -> _BadRequest:
+    return _BadRequest(_error(400, message, "invalid_request_error", "invalid_request"))
+
+
+def _simulated_failure() -> web.Response:
+    return _error(500, "simulated engine failure (error_rate)", "server_error", "simulated_error")
+
+
+def _max_tokens(body: dict[str, Any], default: int) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _invalid("max_tokens must be a non-negative integer")
+    return value
+
+
+def _prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int]:
+    """The prompt's text and how many messages or prompts it has."""
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _invalid("messages must be a non-empty list")
+        parts: list[str] = []
+        for m in messages:
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # multi-part content: count the text parts
+                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            parts.append(str(content or ""))
+        return "\n".join(parts), len(messages)
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        # A list of token ids counts four characters per id so the estimate maps back to one token each.
+        return " ".join(str(p) if isinstance(p, str) else "xxxx" for p in prompt), 1
+    return str(prompt), 1
+
+
+class SimulatedEngine:
+    """The request handlers and timing state of one simulated engine (one per server)."""
+
+    def __init__(self, config: SimulatedConfig, crash: Callable[[web.BaseRequest], None]) -> None:
+        self.config = config
+        self.requests = 0
+        self.active = 0
+        self._crash = crash
+        self._slots = asyncio.Semaphore(config.max_concurrency)
+        self._rng = random.Random(config.seed)
+        self._hung = False
+        self._released = asyncio.Event()
+        self._ids = itertools.count(1)
+        self._created = int(time.time())
+        self.timer = PreciseTimer()
+
+    def app(self) -> web.Application:
+        """The aiohttp application with the OpenAI routes."""
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        return app
+
+    def release(self) -> None:
+        """Let hung requests finish (by dropping their connections) so the server can shut down."""
+        self._released.set()
+
+    async def _hang(self, request: web.BaseRequest) -> web.Response:
+        await self._released.wait()
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=503)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """GET /v1/models."""
+        if self._hung:
+            return await self._hang(request)
+        entry = {"id": self.config.model, "object": "model", "created": self._created, "owned_by": OWNER}
+        return web.json_response({"object": "list", "data": [entry]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        """GET /health."""
+        if self._hung:
+            return await self._hang(request)
+        return web.json_response({"status": "ok", "active": self.active, "requests": self.requests})
+
+    async def _parse(self, request: web.Request) -> dict[str, Any]:
+        """The JSON body, checked to name this engine's model (or none)."""
+        try:
+            body = await request.json(loads=json.loads)
+        except ValueError:
+            raise _invalid("request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise _invalid("request body must be a JSON object")
+        model = body.get("model", self.config.model)
+        if model != self.config.model:
+            msg = f"model {model!r} is not served here"
+            raise _BadRequest(_error(404, msg, "invalid_request_error", "model_not_found"))
+        return body
+
+    def _fate(self) -> str:
+        """Count a valid request and draw its fate: ok, error, crash or hang."""
+        self.requests += 1
+        cfg = self.config
+        if cfg.hang_after is not None and self.requests > cfg.hang_after:
+            self._hung = True
+            return "hang"
+        if cfg.crash_after is not None and self.requests > cfg.crash_after:
+            return "crash"
+        if cfg.error_rate and self._rng.random() < cfg.error_rate:
+            return "error"
+        return "ok"
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions."""
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions."""
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        # time.monotonic, not loop.time: uvloop's clock only advances in whole milliseconds.
+        arrival = time.monotonic()
+        if self._hung:
+            return await self._hang(request)
+        try:
+            body = await self._parse(request)
+            prompt, n_messages = _prompt_text(body, chat)
+            max_tokens = _max_tokens(body, self.config.default_max_tokens)
+        except _BadRequest as bad:
+            return bad.response
+        fate = self._fate()
+        if fate == "hang":
+            return await self._hang(request)
+        if fate == "error":
+            return _simulated_failure()
+        prompt_tokens = estimate_tokens(prompt) + (3 * n_messages if chat else 0)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": max_tokens,
+            "total_tokens": prompt_tokens + max_tokens,
+        }
+        queued = self._slots.locked()
+        async with self._slots:
+            # Time starts at arrival unless the request waited for a slot; parsing cost hides inside the TTFT.
+            start = time.monotonic() if queued else arrival
+            self.active += 1
+            try:
+                stream = bool(body.get("stream"))
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                gen = _Generation(self, request, chat, max_tokens, usage, start, fate == "crash")
+                if stream:
+                    return await gen.stream(include_usage)
+                return await gen.complete()
+            finally:
+                self.active -= 1
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """POST /v1/embeddings."""
+        arrival = time.monotonic()
+        if self._hung:
+            return await self._hang(request)
+        try:
+            body = await self._parse(request)
+        except _BadRequest as bad:
+            return bad.response
+        inputs = body.get("input")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int)):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            return _invalid("input must be a string or a non-empty list").response
+        fate = self._fate()
+        if fate == "hang":
+            return await self._hang(request)
+        if fate == "error":
+            return _simulated_failure()
+        texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
+        async with self._slots:
+            await self.timer.sleep_until(arrival + self.config.ttft_ms / 1000)
+        if fate == "crash":
+            self._crash(request)
+            return await self._hang(request)
+        as_base64 = body.get("encoding_format") == "base64"
+        data = []
+        for i, text in enumerate(texts):
+            vec: Any = embedding_vector(text, self.config.embedding_dim, self.config.model)
+            if as_base64:
+                vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vec})
+        tokens = sum(estimate_tokens(t) for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return web.json_response({"object": "list", "data": data, "model": self.config.model, "usage": usage})
+
+    def next_id(self, prefix: str) -> str:
+        """A response id unique within this server."""
+        return f"{prefix}-sim{os.getpid():x}{next(self._ids):x}"
+
+
+class PreciseTimer:
+    """Wakes coroutines at `time.monotonic()` deadlines to within ~0.1 ms, from one helper thread.
+
+    Event-loop timers wake up to a millisecond late (epoll and libuv count whole milliseconds), which
+    would be most of the overhead budget of a 5 ms stand-in engine; a condition wait in a thread does not.
+    """
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._cond = threading.Condition()
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="otela-sim-timer", daemon=True)
+        self._thread.start()
+
+    async def sleep_until(self, deadline: float) -> None:
+        """Return at `deadline` (a `time.monotonic()` value); at once if it has passed."""
+        if deadline <= time.monotonic():
+            return
+        fut: asyncio.Future[None] = self._loop.create_future()
+        with self._cond:
+            heapq.heappush(self._heap, (deadline, next(self._seq), fut))
+            self._cond.notify()
+        await fut
+
+    def close(self) -> None:
+        """Stop the thread; call before the event loop closes."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                if self._closed:
+                    return
+                due = []
+                while self._heap and self._heap[0][0] <= time.monotonic():
+                    due.append(heapq.heappop(self._heap)[2])
+            try:
+                self._loop.call_soon_threadsafe(_wake, due)
+            except RuntimeError:  # the loop closed under us; nobody is waiting any more
+                return
+
+
+def _wake(futures: list[asyncio.Future[None]]) -> None:
+    for fut in futures:
+        if not fut.done():  # a cancelled request's future stays cancelled
+            fut.set_result(None)
+
+
+class _Generation:
+    """One request's fake decode: token k is due at start + ttft + k * itl (absolute, so no drift)."""
+
+    def __init__(
+        self,
+        engine: SimulatedEngine,
+        request: web.Request,
+        chat: bool,
+        n_tokens: int,
+        usage: dict[str, int],
+        start: float,
+        crash: bool,
+    ) -> None:
+        self.engine = engine
+        self.request = request
+        self.chat = chat
+        self.n_tokens = n_tokens
+        self.usage = usage
+        self.start = start
+        self.crash = crash
+        cfg = engine.config
+        self.ttft = cfg.ttft_ms / 1000
+        self.id = engine.next_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+
+    def _itl(self) -> float:
+        cfg = self.engine.config
+        return (cfg.itl_ms + cfg.itl_per_active_ms * max(0, self.engine.active - 1)) / 1000
+
+    def _crash_now(self) -> None:
+        self.engine._crash(self.request)
+
+    async def complete(self) -> web.Response:
+        """Wait out the whole decode, then answer in one JSON body."""
+        due = self.start + self.ttft
+        await self.engine.timer.sleep_until(due)
+        if self.crash:
+            self._crash_now()
+            return await self.engine._hang(self.request)
+        for _ in range(1, self.n_tokens):
+            due += self._itl()
+            await self.engine.timer.sleep_until(due)
+        text = "".join(_token(k) for k in range(self.n_tokens))
+        model = self.engine.config.model
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text}
+            obj = "text_completion"
+        choice.update(logprobs=None, finish_reason="length")
+        body = {"id": self.id, "object": obj, "created": self.created, "model": model, "choices": [choice]}
+        body.update(usage=self.usage, system_fingerprint=OWNER)
+        return web.Response(text=json.dumps(body, separators=(",", ":")), content_type="application/json")
+
+    def _chunk(self, k: int | None, include_usage: bool) -> bytes:
+        model = self.engine.config.model
+        if self.chat:
+            delta: dict[str, Any] = {} if k is None else {"content": _token(k)}
+            if k == 0:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {"index": 0, "delta": delta}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": "" if k is None else _token(k)}
+            obj = "text_completion"
+        choice.update(logprobs=None, finish_reason="length" if k is None else None)
+        chunk: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": model}
+        chunk["choices"] = [choice]
+        if include_usage:
+            chunk["usage"] = None
+        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+    async def stream(self, include_usage: bool) -> web.StreamResponse:
+        """Send one SSE chunk per token on the timing model, a final chunk, usage if asked, then [DONE]."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(self.request)
+        due = self.start + self.ttft
+        for k in range(self.n_tokens):
+            await self.engine.timer.sleep_until(due)
+            await resp.write(self._chunk(k, include_usage))
+            if self.crash:
+                self._crash_now()
+                return await self.engine._hang(self.request)
+            due += self._itl()
+        await resp.write(self._chunk(None, include_usage))
+        if include_usage:
+            tail = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion"}
+            tail.update(created=self.created, model=self.engine.config.model, choices=[], usage=self.usage)
+            await resp.write(b"data: " + json.dumps(tail, separators=(",", ":")).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _token(k: int) -> str:
+    return _WORDS[k % len(_WORDS)] + " "
+
+
+class SimulatedServer:
+    """A simulated engine serving in this event loop: ``async with SimulatedServer(cfg) as srv: ...``.
+
+    In process, a simulated crash drops the connection and every later one instead of exiting, so a
+    test can survive it; `run_simulated` (a separate process) exits hard instead.
+    """
+
+    def __init__(
+        self, config: SimulatedConfig, *, crash: Callable[[web.BaseRequest], None] | None = None
+    ) -> None:
+        self.config = config
+        self._crash_hook = crash
+        self.crashed = False
+        self.engine: SimulatedEngine | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = config.port
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` of the running server."""
+        return f"http://{self.config.host}:{self.port}"
+
+    def _crash(self, request: web.BaseRequest) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(request)
+        self.crashed = True
+        if request.transport is not None:
+            request.transport.abort()
+
+    @web.middleware
+    async def _dead(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.crashed:
+            # A crashed engine answers nothing: drop the connection as a dead process would.
+            if request.transport is not None:
+                request.transport.abort()
+            raise asyncio.CancelledError
+        return await handler(request)
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        self.engine = SimulatedEngine(self.config, self._crash)
+        app = self.engine.app()
+        app.middlewares.append(self._dead)
+        # No access log and handler cancellation on disconnect: a real engine frees the slot of a
+        # request whose client went away, and logging every request would distort overhead numbers.
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+
+    async def aclose(self) -> None:
+        """Stop serving; hung requests are dropped."""
+        if self.engine is not None:
+            self.engine.release()
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+        if self.engine is not None:
+            self.engine.timer.close()
+
+    async def __aenter__(self) -> SimulatedServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<SimulatedServer {self.config.model} {self.base_url}>"
+
+
+def _hard_exit(request: web.BaseRequest) -> None:
+    sys.stderr.write(f"simulated crash: exiting hard during {request.method} {request.path}\n")
+    sys.stderr.flush()
+    os._exit(CRASH_EXIT_CODE)
+
+
+async def serve_simulated(config: SimulatedConfig) -> None:
+    """Serve until SIGINT or SIGTERM; a simulated crash ends the process at once."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with SimulatedServer(config, crash=_hard_exit) as server:
+            print(f"listening on {server.base_url} (SIMULATED engine, model {config.model})", flush=True)
+            await stop.wait()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def run_simulated(config: SimulatedConfig) -> None:
+    """Run a simulated engine in this process until SIGINT or SIGTERM (uses uvloop when installed)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve_simulated(config))
+    else:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(serve_simulated(config))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Command-line entry: parse ``otela engine simulated`` flags and serve."""
+    run_simulated(SimulatedConfig.from_argv(sys.argv[1:] if argv is None else argv))
+
+
+@register_engine()
+class SimulatedEngineAdapter(EngineAdapter):
+    """The simulated engine, run as ``python -m opentela engine simulated``."""
+
+    name = "simulated"
+    default_port = None
+    ready_timeout = 30.0
+
+    def matches(self, argv: Sequence[str]) -> bool:
+        """True for ``otela engine simulated`` and ``python -m opentela engine simulated``."""
+        i = module_index(argv, ("opentela",))
+        if i is None:
+            i = program_index(argv, ("otela",))
+        return i is not None and list(argv[i + 1 : i + 3]) == ["engine", "simulated"]
+
+    def build(
+        self,
+        model: str | None = None,
+        port: int | None = None,
+        *,
+        python: str = sys.executable,
+        **options: Any,
+    ) -> EngineSpec:
+        """The command for a simulated engine; options are `SimulatedConfig` fields (ttft_ms, ...)."""
+        names = {f.name for f in dataclasses.fields(SimulatedConfig)} - {"port", "model"}
+        unknown = set(options) - names
+        if unknown:
+            raise ConfigError(
+                f"unknown options for the simulated engine: {', '.join(sorted(unknown))}; known: "
+                + ", ".join(sorted(names))
+            )
+        port = port or free_port()
+        config = SimulatedConfig(model=model or SimulatedConfig.model, port=port, **options)
+        argv = [python, "-m", "opentela", "engine", "simulated", *config.to_argv()]
+        return self.spec(argv, port)
