@@ -102,6 +102,16 @@ class SimulatedConfig:
         return cls.from_namespace(parser.parse_args(argv))
 
 
+def add_simulated_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``otela engine simulated`` flags (one per `SimulatedConfig` field) to `parser`."""
+    SimulatedConfig.add_arguments(parser)
+
+
+def simulated_config_from_args(ns: argparse.Namespace) -> SimulatedConfig:
+    """The config from flags parsed by `add_simulated_arguments`."""
+    return SimulatedConfig.from_namespace(ns)
+
+
 def estimate_tokens(text: str) -> int:
     """Rough token count of English text: one token per four characters."""
     return math.ceil(len(text) / 4)
