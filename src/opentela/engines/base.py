@@ -137,25 +137,19 @@ class EngineAdapter:
     def from_command(self, argv: str | Sequence[str], port: int | None = None) -> EngineSpec:
         """Wrap a user's command: find its port, or add a port flag when the command names none."""
         args = as_argv(argv)
+        if any("{port}" in a for a in args):
+            # A template (from a controller or a config file) leaves the port to us and says where it goes.
+            port = port or free_port()
+            args = [a.replace("{port}", str(port)) for a in args]
+            return self.spec(args, port)
         where = f"`{shlex.join(args)}`"
         found = find_flag(args, self.port_flag) if self.port_flag else None
         chosen = parse_port(found, where) if found is not None else None
         if chosen and port and chosen != port:
             raise ConfigError(f"the command listens on port {chosen} but port {port} was requested: {where}")
-        if any("{port}" in a for a in args):
-            # A template (from a controller or a config file) leaves the port to us.
-            chosen = chosen or port or free_port()
-            args = [a.replace("{port}", str(chosen)) for a in args]
-        elif not chosen:
+        if not chosen:
             chosen = self._choose_port(args, port, where)
-        return EngineSpec(
-            self.name,
-            args,
-            port=chosen,
-            host=self._reach_host(args),
-            health_path=self.health_path,
-            ready_timeout=self.ready_timeout,
-        )
+        return self.spec(args, chosen)
 
     def _choose_port(self, args: list[str], port: int | None, where: str) -> int:
         # `--port 0` and no port at all both mean "pick one for me" when the flag is known.
@@ -180,7 +174,7 @@ class EngineAdapter:
         return host.strip("[]")
 
     def spec(self, argv: Sequence[str], port: int, *, env: Mapping[str, str] | None = None) -> EngineSpec:
-        """An EngineSpec for an argv this adapter built itself."""
+        """An EngineSpec for this engine's argv that serves on `port`."""
         return EngineSpec(
             self.name,
             tuple(argv),
