@@ -11,7 +11,6 @@ import asyncio
 import base64
 import dataclasses
 import hashlib
-import heapq
 import itertools
 import json
 import math
@@ -20,7 +19,6 @@ import random
 import signal
 import struct
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -192,7 +190,6 @@ class SimulatedEngine:
         self._released = asyncio.Event()
         self._ids = itertools.count(1)
         self._created = int(time.time())
-        self.timer = PreciseTimer()
 
     def app(self) -> web.Application:
         """The aiohttp application with the OpenAI routes."""
@@ -320,7 +317,7 @@ class SimulatedEngine:
             return _simulated_failure()
         texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
         async with self._slots:
-            await self.timer.sleep_until(arrival + self.config.ttft_ms / 1000)
+            await _sleep_until(arrival + self.config.ttft_ms / 1000)
         if fate == "crash":
             self._crash(request)
             return await self._hang(request)
@@ -340,59 +337,15 @@ class SimulatedEngine:
         return f"{prefix}-sim{os.getpid():x}{next(self._ids):x}"
 
 
-class PreciseTimer:
-    """Wakes coroutines at `time.monotonic()` deadlines to within ~0.1 ms, from one helper thread.
+async def _sleep_until(deadline: float) -> None:
+    """Sleep until a `time.monotonic()` deadline (not loop.time: uvloop's clock moves in whole ms).
 
-    Event-loop timers wake up to a millisecond late (epoll and libuv count whole milliseconds), which
-    would be most of the overhead budget of a 5 ms stand-in engine; a condition wait in a thread does not.
+    Absolute deadlines keep a stream from drifting. Under uvloop the wake-up lands ~0.1-0.2 ms late
+    here; a helper thread waking the loop was measured and did no better end to end.
     """
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._cond = threading.Condition()
-        self._seq = itertools.count()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="otela-sim-timer", daemon=True)
-        self._thread.start()
-
-    async def sleep_until(self, deadline: float) -> None:
-        """Return at `deadline` (a `time.monotonic()` value); at once if it has passed."""
-        if deadline <= time.monotonic():
-            return
-        fut: asyncio.Future[None] = self._loop.create_future()
-        with self._cond:
-            heapq.heappush(self._heap, (deadline, next(self._seq), fut))
-            self._cond.notify()
-        await fut
-
-    def close(self) -> None:
-        """Stop the thread; call before the event loop closes."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
-                if self._closed:
-                    return
-                due = []
-                while self._heap and self._heap[0][0] <= time.monotonic():
-                    due.append(heapq.heappop(self._heap)[2])
-            try:
-                self._loop.call_soon_threadsafe(_wake, due)
-            except RuntimeError:  # the loop closed under us; nobody is waiting any more
-                return
-
-
-def _wake(futures: list[asyncio.Future[None]]) -> None:
-    for fut in futures:
-        if not fut.done():  # a cancelled request's future stays cancelled
-            fut.set_result(None)
+    delay = deadline - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 class _Generation:
@@ -430,13 +383,13 @@ class _Generation:
     async def complete(self) -> web.Response:
         """Wait out the whole decode, then answer in one JSON body."""
         due = self.start + self.ttft
-        await self.engine.timer.sleep_until(due)
+        await _sleep_until(due)
         if self.crash:
             self._crash_now()
             return await self.engine._hang(self.request)
         for _ in range(1, self.n_tokens):
             due += self._itl()
-            await self.engine.timer.sleep_until(due)
+            await _sleep_until(due)
         text = "".join(_token(k) for k in range(self.n_tokens))
         model = self.engine.config.model
         if self.chat:
@@ -473,8 +426,12 @@ class _Generation:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(self.request)
         due = self.start + self.ttft
+        if self.crash and not self.n_tokens:
+            await _sleep_until(due)
+            self._crash_now()
+            return await self.engine._hang(self.request)
         for k in range(self.n_tokens):
-            await self.engine.timer.sleep_until(due)
+            await _sleep_until(due)
             await resp.write(self._chunk(k, include_usage))
             if self.crash:
                 self._crash_now()
@@ -552,8 +509,6 @@ class SimulatedServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-        if self.engine is not None:
-            self.engine.timer.close()
 
     async def __aenter__(self) -> SimulatedServer:
         await self.start()
