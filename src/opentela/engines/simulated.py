@@ -176,7 +176,7 @@ def _prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int]:
     return str(prompt), 1
 
 
-class SimulatedEngine:
+class SimulatedHandlers:
     """The request handlers and timing state of one simulated engine (one per server)."""
 
     def __init__(self, config: SimulatedConfig, crash: Callable[[web.BaseRequest], None]) -> None:
@@ -353,7 +353,7 @@ class _Generation:
 
     def __init__(
         self,
-        engine: SimulatedEngine,
+        handlers: SimulatedHandlers,
         request: web.Request,
         chat: bool,
         n_tokens: int,
@@ -361,24 +361,24 @@ class _Generation:
         start: float,
         crash: bool,
     ) -> None:
-        self.engine = engine
+        self.handlers = handlers
         self.request = request
         self.chat = chat
         self.n_tokens = n_tokens
         self.usage = usage
         self.start = start
         self.crash = crash
-        cfg = engine.config
+        cfg = handlers.config
         self.ttft = cfg.ttft_ms / 1000
-        self.id = engine.next_id("chatcmpl" if chat else "cmpl")
+        self.id = handlers.next_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
 
     def _itl(self) -> float:
-        cfg = self.engine.config
-        return (cfg.itl_ms + cfg.itl_per_active_ms * max(0, self.engine.active - 1)) / 1000
+        cfg = self.handlers.config
+        return (cfg.itl_ms + cfg.itl_per_active_ms * max(0, self.handlers.active - 1)) / 1000
 
     def _crash_now(self) -> None:
-        self.engine._crash(self.request)
+        self.handlers._crash(self.request)
 
     async def complete(self) -> web.Response:
         """Wait out the whole decode, then answer in one JSON body."""
@@ -386,12 +386,12 @@ class _Generation:
         await _sleep_until(due)
         if self.crash:
             self._crash_now()
-            return await self.engine._hang(self.request)
+            return await self.handlers._hang(self.request)
         for _ in range(1, self.n_tokens):
             due += self._itl()
             await _sleep_until(due)
         text = "".join(_token(k) for k in range(self.n_tokens))
-        model = self.engine.config.model
+        model = self.handlers.config.model
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
             obj = "chat.completion"
@@ -404,7 +404,7 @@ class _Generation:
         return web.Response(text=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
     def _chunk(self, k: int | None, include_usage: bool) -> bytes:
-        model = self.engine.config.model
+        model = self.handlers.config.model
         if self.chat:
             delta: dict[str, Any] = {} if k is None else {"content": _token(k)}
             if k == 0:
@@ -429,18 +429,18 @@ class _Generation:
         if self.crash and not self.n_tokens:
             await _sleep_until(due)
             self._crash_now()
-            return await self.engine._hang(self.request)
+            return await self.handlers._hang(self.request)
         for k in range(self.n_tokens):
             await _sleep_until(due)
             await resp.write(self._chunk(k, include_usage))
             if self.crash:
                 self._crash_now()
-                return await self.engine._hang(self.request)
+                return await self.handlers._hang(self.request)
             due += self._itl()
         await resp.write(self._chunk(None, include_usage))
         if include_usage:
             tail = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion"}
-            tail.update(created=self.created, model=self.engine.config.model, choices=[], usage=self.usage)
+            tail.update(created=self.created, model=self.handlers.config.model, choices=[], usage=self.usage)
             await resp.write(b"data: " + json.dumps(tail, separators=(",", ":")).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
@@ -464,7 +464,7 @@ class SimulatedServer:
         self.config = config
         self._crash_hook = crash
         self.crashed = False
-        self.engine: SimulatedEngine | None = None
+        self.handlers: SimulatedHandlers | None = None
         self._runner: web.AppRunner | None = None
         self.port = config.port
 
@@ -491,8 +491,8 @@ class SimulatedServer:
 
     async def start(self) -> None:
         """Bind and start serving."""
-        self.engine = SimulatedEngine(self.config, self._crash)
-        app = self.engine.app()
+        self.handlers = SimulatedHandlers(self.config, self._crash)
+        app = self.handlers.app()
         app.middlewares.append(self._dead)
         # No access log and handler cancellation on disconnect: a real engine frees the slot of a
         # request whose client went away, and logging every request would distort overhead numbers.
@@ -504,8 +504,8 @@ class SimulatedServer:
 
     async def aclose(self) -> None:
         """Stop serving; hung requests are dropped."""
-        if self.engine is not None:
-            self.engine.release()
+        if self.handlers is not None:
+            self.handlers.release()
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
@@ -559,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 @register_engine()
-class SimulatedEngineAdapter(EngineAdapter):
+class SimulatedEngine(EngineAdapter):
     """The simulated engine, run as ``python -m opentela engine simulated``."""
 
     name = "simulated"

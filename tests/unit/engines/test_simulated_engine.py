@@ -171,7 +171,7 @@ async def test_bad_requests_get_clear_errors(http: aiohttp.ClientSession) -> Non
             assert r.status == 400
         async with http.post(url, json={**CHAT, "max_tokens": "lots"}) as r:
             assert r.status == 400
-        assert srv.engine is not None and srv.engine.requests == 0  # rejected requests are not counted
+        assert srv.handlers is not None and srv.handlers.requests == 0  # rejected requests are not counted
 
 
 async def test_hang_after_stops_answering_everything(http: aiohttp.ClientSession) -> None:
