@@ -34,7 +34,7 @@ def ensure_venv() -> None:
     """Create .venv and install the package with its test extras, unless pyproject.toml is unchanged since."""
     if STAMP.exists() and STAMP.read_text() == _fingerprint():
         return
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 (this script may run under any python3)
         sys.exit(f"OpenTela needs Python 3.11 or newer; this is {sys.version.split()[0]}")
     print("setting up .venv (first run only)...", file=sys.stderr, flush=True)
     if not (BIN / "python").exists():

@@ -22,22 +22,34 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--listen", metavar="HOST:PORT", help="fabric listen address (default 0.0.0.0:0)")
     p.add_argument("--advertise", action="append", metavar="HOST:PORT", help="address peers should dial")
     p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
-    p.add_argument("--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)")
+    p.add_argument(
+        "--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)"
+    )
     p.add_argument("--role", choices=["worker", "ingress"], help="node role")
-    p.add_argument("--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)")
-    p.add_argument("--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated")
+    p.add_argument(
+        "--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)"
+    )
+    p.add_argument(
+        "--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated"
+    )
     p.add_argument("--engine-port", type=int, metavar="PORT", help="port of the engine's OpenAI server")
-    p.add_argument("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
+    p.add_argument(
+        "--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"'
+    )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
     p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
-    p.add_argument("--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text"))
+    p.add_argument(
+        "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- engine command serving the OpenAI API")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of `otela`."""
-    parser = argparse.ArgumentParser(prog="otela", description="OpenTela: one OpenAI endpoint over a mesh of nodes.")
+    parser = argparse.ArgumentParser(
+        prog="otela", description="OpenTela: one OpenAI endpoint over a mesh of nodes."
+    )
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     start = sub.add_parser("start", help="start a node (and its engine)", description="Start a node.")
@@ -47,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
     demo.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
     demo.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
-    demo.add_argument("--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)")
+    demo.add_argument(
+        "--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)"
+    )
     demo.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
     demo.add_argument("--dir", metavar="DIR", help="where the demo keeps keys and logs (default: a temp dir)")
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the mesh to come up")
@@ -58,16 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = sub.add_parser("engine", help="run an engine in the foreground")
     esub = engine.add_subparsers(dest="engine_cmd", required=True, metavar="ENGINE")
-    emb = esub.add_parser("embedded", help="SmolLM2-135M-Instruct on llama.cpp (xllamacpp), CPU")
-    emb.add_argument("--host", default="127.0.0.1")
-    emb.add_argument("--port", type=int, default=8080)
-    emb.add_argument("--threads", type=int, default=0, help="CPU threads (default: all cores)")
-    emb.add_argument("--parallel", type=int, default=2, help="sequences decoded together (continuous batching)")
-    emb.add_argument("--ctx-size", type=int, default=4096, help="context tokens shared by all slots")
-    sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
-    from opentela.engines.simulated import add_simulated_arguments
+    from opentela.engines import embedded, simulated
 
-    add_simulated_arguments(sim)
+    emb = esub.add_parser("embedded", help="SmolLM2-135M-Instruct on llama.cpp (xllamacpp), CPU")
+    embedded.add_arguments(emb)
+    sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
+    simulated.add_simulated_arguments(sim)
 
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
@@ -136,11 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "engine":
             setup_logging("INFO")
             if args.engine_cmd == "embedded":
-                from opentela.engines.embedded import run_embedded
+                from opentela.engines.embedded import run_from_args
 
-                run_embedded(
-                    host=args.host, port=args.port, threads=args.threads, parallel=args.parallel, ctx_size=args.ctx_size
-                )
+                run_from_args(args)
             else:
                 from opentela.engines.simulated import run_simulated, simulated_config_from_args
 

@@ -60,7 +60,9 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     origin = typing.get_origin(typ)
     try:
         if origin in (tuple, list):
-            items = [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else list(value)
+            items = (
+                [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else list(value)
+            )
             return tuple(str(i) for i in items)
         if origin in (typing.Union, types.UnionType):
             inner = [a for a in typing.get_args(typ) if a is not type(None)]
@@ -97,7 +99,9 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         else:
             data = tomllib.loads(text)
     except Exception as exc:
-        raise ConfigError(f"{path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'TOML'}: {exc}") from exc
+        raise ConfigError(
+            f"{path} is not valid {'YAML' if path.suffix in ('.yaml', '.yml') else 'TOML'}: {exc}"
+        ) from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
         raise ConfigError(f"{path}: expected sections like [node] and [gateway] holding settings")
     return data
@@ -145,10 +149,16 @@ def reference_markdown() -> str:
     ]
     current = None
     defaults = {s.name: getattr(OtelaConfig(), s.name) for s in dataclasses.fields(OtelaConfig)}
-    for section, f, typ in iter_fields():
+    for section, f, _ in iter_fields():
         if section != current:
             current = section
-            lines += ["", f"## [{section}]", "", "| setting | default | variable | meaning |", "|---|---|---|---|"]
+            lines += [
+                "",
+                f"## [{section}]",
+                "",
+                "| setting | default | variable | meaning |",
+                "|---|---|---|---|",
+            ]
         default = getattr(defaults[section], f.name)
         shown = ", ".join(default) if isinstance(default, tuple) else default
         lines.append(

@@ -35,7 +35,7 @@ def _print_usage(api: str) -> None:
     console.print("curl:", style="bold")
     console.print(
         f"  curl {api}/chat/completions -H 'Content-Type: application/json' \\\n"
-        f"    -d '{{\"model\": \"{MODEL_ID}\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'",
+        f'    -d \'{{"model": "{MODEL_ID}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
         markup=False,
         highlight=False,
     )
@@ -57,7 +57,9 @@ async def run_demo(args: argparse.Namespace) -> int:
     """Start the mesh, wait until every worker serves, then answer once or keep serving until Ctrl-C."""
     http_host, http_port, _ = parse_addr(args.http)
     if http_host != "127.0.0.1" or not port_is_free(http_host, http_port):
-        raise ConfigError(f"{args.http} is not a free 127.0.0.1 address; pick another with --http 127.0.0.1:PORT")
+        raise ConfigError(
+            f"{args.http} is not a free 127.0.0.1 address; pick another with --http 127.0.0.1:PORT"
+        )
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="otela-demo-"))
     threads = args.threads or max(1, (os.cpu_count() or 2) // max(1, args.workers))
     stop = asyncio.Event()
@@ -65,21 +67,29 @@ async def run_demo(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     mesh = LocalMesh(workdir, http_port=http_port)
-    console.print(f"[bold]Starting an OpenTela mesh on loopback[/]: 1 ingress + {args.workers} workers; logs in {mesh.logs}")
+    console.print(
+        f"[bold]Starting an OpenTela mesh on loopback[/]: 1 ingress + {args.workers} workers; logs in {mesh.logs}"
+    )
     try:
         with console.status("starting the ingress..."):
             await mesh.start_ingress()
         with console.status(f"starting {args.workers} workers with the embedded engine ({MODEL_ID})..."):
             for i in range(args.workers):
-                await mesh.add_worker(f"worker-{i + 1}", embedded_engine_argv(threads), provider=f"demo-provider-{i + 1}")
+                await mesh.add_worker(
+                    f"worker-{i + 1}", embedded_engine_argv(threads), provider=f"demo-provider-{i + 1}"
+                )
             serving = await mesh.wait_serving(MODEL_ID, args.workers, timeout=args.timeout)
         for r in serving:
-            console.print(f"  replica …{r['peer_id'][-8:]} (provider {r['provider_id']}) is SERVING {MODEL_ID}")
+            console.print(
+                f"  replica …{r['peer_id'][-8:]} (provider {r['provider_id']}) is SERVING {MODEL_ID}"
+            )
         if args.once:
             answer, headers = await _ask(mesh.http(), mesh.api, args.prompt)
             print(f"Q: {args.prompt}")
             print(f"A: {answer}")
-            print(f"served by node {headers.get('X-Otela-Node', '?')} (provider {headers.get('X-Otela-Provider', '?')})")
+            print(
+                f"served by node {headers.get('X-Otela-Node', '?')} (provider {headers.get('X-Otela-Provider', '?')})"
+            )
             return 0
         _print_usage(mesh.api)
         while not stop.is_set():

@@ -21,7 +21,14 @@ class OpenTelaError(Exception):
 
     def to_openai(self) -> dict[str, Any]:
         """Render in the OpenAI error shape."""
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 # --- fabric: the mesh itself -------------------------------------------------------------------------------

@@ -46,7 +46,9 @@ def embedded_engine_argv(threads: int = 1, parallel: int = 2) -> list[str]:
 class NodeProcess:
     """One `otela` child process, in its own process group, with its output in a log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name, self.argv, self.log_path, self.env = name, list(argv), log_path, env
         self.proc: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
@@ -61,7 +63,7 @@ class NodeProcess:
 
     async def start(self) -> None:
         """Spawn the child."""
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
+        self._log = open(self.log_path, "ab")
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdout=self._log,
@@ -122,7 +124,9 @@ class NodeProcess:
 class LocalMesh:
     """An ingress plus workers, each a real process, all on 127.0.0.1."""
 
-    def __init__(self, workdir: Path, *, http_port: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, *, http_port: int | None = None, env: dict[str, str] | None = None
+    ) -> None:
         self.workdir = workdir
         self.logs = workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -148,7 +152,15 @@ class LocalMesh:
         await self.aclose()
 
     def _node(self, name: str, args: Sequence[str]) -> NodeProcess:
-        argv = [*OTELA, "start", "--key-file", str(self.workdir / f"{name}.key"), "--log-dir", str(self.logs), *args]
+        argv = [
+            *OTELA,
+            "start",
+            "--key-file",
+            str(self.workdir / f"{name}.key"),
+            "--log-dir",
+            str(self.logs),
+            *args,
+        ]
         node = NodeProcess(name, argv, self.logs / f"{name}.log", self.env)
         self.nodes[name] = node
         return node
@@ -157,18 +169,37 @@ class LocalMesh:
         """Start the ingress (fabric on the mesh's bootstrap port, API on its HTTP port) and wait for /v1/health."""
         node = self._node(
             name,
-            ["--role", "ingress", "--listen", self.bootstrap, "--http", f"127.0.0.1:{self.http_port}",
-             "--provider-id", "ingress", *extra],
+            [
+                "--role",
+                "ingress",
+                "--listen",
+                self.bootstrap,
+                "--http",
+                f"127.0.0.1:{self.http_port}",
+                "--provider-id",
+                "ingress",
+                *extra,
+            ],
         )
         await node.start()
-        await self.wait_for(lambda: self.get_json("/health"), timeout=60, what="the ingress to answer /v1/health")
+        await self.wait_for(
+            lambda: self.get_json("/health"), timeout=60, what="the ingress to answer /v1/health"
+        )
         return node
 
     async def add_worker(
         self, name: str, engine_argv: Sequence[str] | None, *extra: str, provider: str | None = None
     ) -> NodeProcess:
         """Start a worker bootstrapping from the ingress, with an engine command or none."""
-        args = ["--listen", "127.0.0.1:0", "--bootstrap", self.bootstrap, "--provider-id", provider or name, *extra]
+        args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--bootstrap",
+            self.bootstrap,
+            "--provider-id",
+            provider or name,
+            *extra,
+        ]
         if engine_argv:
             args += ["--", *engine_argv]
         node = self._node(name, args)
@@ -184,7 +215,9 @@ class LocalMesh:
     async def get_json(self, path: str) -> Any:
         """GET {api}{path} as JSON; None when the ingress does not answer."""
         try:
-            async with self.http().get(self.api.removesuffix("/v1") + ("" if path.startswith("/v1") else "/v1") + path) as r:
+            async with self.http().get(
+                self.api.removesuffix("/v1") + ("" if path.startswith("/v1") else "/v1") + path
+            ) as r:
                 return await r.json() if r.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             return None

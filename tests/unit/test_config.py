@@ -20,7 +20,9 @@ def test_defaults_without_sources() -> None:
 
 def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     toml = tmp_path / "otela.toml"
-    toml.write_text('[gateway]\nmax_retries = 5\npolicy = "random"\n[node]\nprovider_id = "file"\nbootstrap = ["a:1"]\n')
+    toml.write_text(
+        '[gateway]\nmax_retries = 5\npolicy = "random"\n[node]\nprovider_id = "file"\nbootstrap = ["a:1"]\n'
+    )
     env = {env_name("gateway", "max_retries"): "7", env_name("node", "provider_id"): "env"}
     config = load_config(toml, env=env, flags={"node": {"provider_id": "flag"}})
     assert config.node.provider_id == "flag"
@@ -39,7 +41,11 @@ def test_yaml_file_and_list_from_env(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "needle"),
-    [("[gateway]\nmax_retries = 'many'\n", "max_retries"), ("[gateway]\nno_such = 1\n", "no_such"), ("[x", "TOML")],
+    [
+        ("[gateway]\nmax_retries = 'many'\n", "max_retries"),
+        ("[gateway]\nno_such = 1\n", "no_such"),
+        ("[x", "TOML"),
+    ],
 )
 def test_bad_file_is_a_clear_error(tmp_path: Path, text: str, needle: str) -> None:
     path = tmp_path / "bad.toml"

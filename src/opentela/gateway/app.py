@@ -25,7 +25,7 @@ _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @web.middleware
-async def request_id_middleware(request: web.Request, handler):  # noqa: ANN001, ANN201
+async def request_id_middleware(request: web.Request, handler):
     """Give every request an id (the client's X-Request-Id when sane) that travels end to end."""
     given = request.headers.get("X-Request-Id", "")
     request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex

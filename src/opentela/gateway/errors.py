@@ -43,7 +43,9 @@ def map_http_exception(exc: web.HTTPException) -> OpenTelaError:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return RequestTooLargeError(f"request body too large: {exc.text}")
     if isinstance(exc, web.HTTPNotFound):
-        return NotFoundError("no such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings")
+        return NotFoundError(
+            "no such route; see /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings"
+        )
     if isinstance(exc, web.HTTPMethodNotAllowed):
         return MethodNotAllowedError(f"method not allowed; use {', '.join(sorted(exc.allowed_methods))}")
     err = InvalidRequestError(exc.text or exc.reason)
@@ -52,7 +54,7 @@ def map_http_exception(exc: web.HTTPException) -> OpenTelaError:
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler):  # noqa: ANN001, ANN201
+async def error_middleware(request: web.Request, handler):
     """Render OpenTelaError and aiohttp HTTP errors as OpenAI JSON; log and hide anything unexpected."""
     try:
         return await handler(request)
@@ -63,5 +65,7 @@ async def error_middleware(request: web.Request, handler):  # noqa: ANN001, ANN2
             raise
         return error_response(map_http_exception(exc), request_id=request.get("request_id"))
     except Exception:
-        logger.exception("unhandled error on %s %s (request %s)", request.method, request.path, request.get("request_id"))
+        logger.exception(
+            "unhandled error on %s %s (request %s)", request.method, request.path, request.get("request_id")
+        )
         return error_response(OpenTelaError("internal error"), request_id=request.get("request_id"))

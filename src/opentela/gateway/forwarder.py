@@ -8,7 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from opentela._types import PROTO_HTTP, Stream
+from opentela._types import Stream
 from opentela.errors import (
     OpenTelaError,
     UpstreamTimeout,

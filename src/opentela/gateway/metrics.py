@@ -14,9 +14,14 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
-            "otela_requests", "Requests finished, by model, node and status.", ["model", "node", "status"], registry=r
+            "otela_requests",
+            "Requests finished, by model, node and status.",
+            ["model", "node", "status"],
+            registry=r,
         )
-        self.errors = Counter("otela_errors", "Requests failed, by model and error code.", ["model", "code"], registry=r)
+        self.errors = Counter(
+            "otela_errors", "Requests failed, by model and error code.", ["model", "code"], registry=r
+        )
         self.retries = Counter("otela_retries", "Attempts moved to another replica.", ["model"], registry=r)
         self.in_flight = Gauge("otela_in_flight", "Requests being served now.", ["model"], registry=r)
         self.ttfb = Histogram(
@@ -33,7 +38,9 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.bytes_out = Counter("otela_response_bytes", "Response body bytes sent to clients.", ["model"], registry=r)
+        self.bytes_out = Counter(
+            "otela_response_bytes", "Response body bytes sent to clients.", ["model"], registry=r
+        )
 
     def render(self) -> bytes:
         """The text exposition format."""

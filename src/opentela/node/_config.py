@@ -15,19 +15,27 @@ class NodeConfig:
     )
     advertise: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "Addresses other peers should dial (default: the listen address, or this host's IPs)."},
+        metadata={
+            "help": "Addresses other peers should dial (default: the listen address, or this host's IPs)."
+        },
     )
     bootstrap: tuple[str, ...] = field(
         default=(),
-        metadata={"help": "Peers to join through: HOST:PORT, PEERID@HOST:PORT or /ip4/.../tcp/.../p2p/PEERID."},
+        metadata={
+            "help": "Peers to join through: HOST:PORT, PEERID@HOST:PORT or /ip4/.../tcp/.../p2p/PEERID."
+        },
     )
     provider_id: str = field(
-        default="", metadata={"help": "Who provides this node; users name providers they trust (default: user@host)."}
+        default="",
+        metadata={"help": "Who provides this node; users name providers they trust (default: user@host)."},
     )
     key_file: str = field(
-        default="", metadata={"help": "Ed25519 identity key (default: $XDG_CONFIG_HOME/opentela/identity.key)."}
+        default="",
+        metadata={"help": "Ed25519 identity key (default: $XDG_CONFIG_HOME/opentela/identity.key)."},
     )
-    role: str = field(default="worker", metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."})
+    role: str = field(
+        default="worker", metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."}
+    )
     engine: str = field(
         default="", metadata={"help": "Engine shorthand (`embedded`, `simulated`) when no command is given."}
     )
@@ -38,11 +46,13 @@ class NodeConfig:
         default="", metadata={"help": "Where engine logs go (default: $XDG_STATE_HOME/opentela/logs)."}
     )
     ready_timeout: float = field(
-        default=900.0, metadata={"help": "Seconds the engine may take to answer /v1/models before the node gives up."}
+        default=900.0,
+        metadata={"help": "Seconds the engine may take to answer /v1/models before the node gives up."},
     )
     stop_timeout: float = field(
         default=10.0, metadata={"help": "Seconds between SIGTERM and SIGKILL when stopping the engine."}
     )
     max_body_bytes: int = field(
-        default=8 * 1024 * 1024, metadata={"help": "Largest tunnelled request this node accepts for its engine."}
+        default=8 * 1024 * 1024,
+        metadata={"help": "Largest tunnelled request this node accepts for its engine."},
     )

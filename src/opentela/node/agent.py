@@ -197,9 +197,9 @@ class NodeAgent:
         self.supervisor = EngineSupervisor(
             self.engine, self.engine_log, ready_timeout=self.node_config.ready_timeout
         )
-        await self.supervisor.start()
-        logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
         try:
+            await self.supervisor.start()
+            logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
             served = await self.supervisor.wait_ready()
         except (EngineCrashedError, UpstreamTimeout) as exc:
             logger.error("engine never became ready: %s", exc)
@@ -214,7 +214,9 @@ class NodeAgent:
         self._engine_ready = False
         if self._stop.is_set():
             return
-        logger.error("engine exited with code %s; marking this node DOWN", code, extra={"log": str(self.engine_log)})
+        logger.error(
+            "engine exited with code %s; marking this node DOWN", code, extra={"log": str(self.engine_log)}
+        )
         await self._go_down(f"engine exited with code {code}")
         self.request_stop(EXIT_ENGINE_DIED)
 
@@ -237,7 +239,11 @@ class NodeAgent:
     async def aclose(self) -> None:
         """Leave: write LEFT, tell peers, stop the engine, close the fabric."""
         self._stop.set()
-        if self.registry is not None and self.gossip is not None and self.registry.local.lifecycle < Lifecycle.LEFT:
+        if (
+            self.registry is not None
+            and self.gossip is not None
+            and self.registry.local.lifecycle < Lifecycle.LEFT
+        ):
             with contextlib.suppress(OpenTelaError):
                 self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
                 await self.gossip.flush(timeout=2.0)
@@ -287,7 +293,11 @@ class NodeAgent:
     def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
         """Transport failures make the liveness layer look at the peer now rather than at its next probe."""
         self._failures[target.session_id] = self._failures.get(target.session_id, 0) + 1
-        if self.membership is not None and error.code in ("peer_unreachable", "dial_timeout", "connection_closed"):
+        if self.membership is not None and error.code in (
+            "peer_unreachable",
+            "dial_timeout",
+            "connection_closed",
+        ):
             self.membership.suspect(target.peer_id, reason=error.code)
 
     def table(self) -> list[dict[str, Any]]:

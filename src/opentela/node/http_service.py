@@ -45,7 +45,9 @@ class LocalEngineProxy:
     ) -> None:
         self._engine_url = engine_url
         self._max_body = max_body
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=connect_timeout, sock_read=read_timeout
+        )
         self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
         self.served = 0
@@ -63,7 +65,9 @@ class LocalEngineProxy:
         if self._session is None:
             # Loopback only, so no DNS cache games; a generous pool because streams may be long-lived.
             connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=30)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self._timeout, auto_decompress=False)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self._timeout, auto_decompress=False
+            )
         return self._session
 
     async def handle_stream(self, stream: Stream) -> None:

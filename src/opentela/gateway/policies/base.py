@@ -30,7 +30,9 @@ class RoutingPolicy(Protocol):
 
     def on_request_start(self, target: NodeRecord, request: RoutedRequest) -> None: ...
 
-    def on_request_end(self, target: NodeRecord, request: RoutedRequest, *, ok: bool, latency_s: float) -> None: ...
+    def on_request_end(
+        self, target: NodeRecord, request: RoutedRequest, *, ok: bool, latency_s: float
+    ) -> None: ...
 
 
 P = TypeVar("P", bound=type)
@@ -65,4 +67,6 @@ def create_policy(name: str, **options: Any) -> RoutingPolicy:
     try:
         return POLICIES[name.lower()](**options)
     except KeyError:
-        raise ConfigError(f"unknown routing policy {name!r}; built-ins: {', '.join(sorted(POLICIES))}") from None
+        raise ConfigError(
+            f"unknown routing policy {name!r}; built-ins: {', '.join(sorted(POLICIES))}"
+        ) from None

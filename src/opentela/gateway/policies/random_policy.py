@@ -25,5 +25,7 @@ class RandomPolicy:
     def on_request_start(self, target: NodeRecord, request: RoutedRequest) -> None:
         """Nothing to track."""
 
-    def on_request_end(self, target: NodeRecord, request: RoutedRequest, *, ok: bool, latency_s: float) -> None:
+    def on_request_end(
+        self, target: NodeRecord, request: RoutedRequest, *, ok: bool, latency_s: float
+    ) -> None:
         """Nothing to track."""

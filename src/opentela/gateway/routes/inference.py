@@ -51,7 +51,9 @@ def _no_replica_error(gw: Gateway, model: str) -> OpenTelaError:
         return NoHealthyReplicaError(f"model {model!r} is known but no healthy replica serves it right now")
     available = sorted(gw.mesh.model_replicas())
     listing = ", ".join(available) if available else "none are being served"
-    return ModelNotFoundError(f"model {model!r} is not served in this mesh; available models: {listing}", param="model")
+    return ModelNotFoundError(
+        f"model {model!r} is not served in this mesh; available models: {listing}", param="model"
+    )
 
 
 def _mid_stream_error(exc: OpenTelaError) -> OpenTelaError:
@@ -82,7 +84,11 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         async with asyncio.timeout(gw.config.total_timeout):
             while True:
                 upstream = await gw.forwarder.open(
-                    lambda: gw.mesh.candidates(model), tunnel, routed, tried=tried, on_failure=gw.mesh.report_failure
+                    lambda: gw.mesh.candidates(model),
+                    tunnel,
+                    routed,
+                    tried=tried,
+                    on_failure=gw.mesh.report_failure,
                 )
                 node = upstream.target.peer_id
                 metrics.ttfb.labels(model).observe(time.perf_counter() - arrived)
@@ -100,7 +106,10 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                         continue
                     raise err from exc
                 gw.forwarder.policy.on_request_end(
-                    upstream.target, routed, ok=upstream.head.status < 500, latency_s=time.perf_counter() - arrived
+                    upstream.target,
+                    routed,
+                    ok=upstream.head.status < 500,
+                    latency_s=time.perf_counter() - arrived,
                 )
                 metrics.bytes_out.labels(model).inc(len(body))
                 response = web.Response(
@@ -109,7 +118,9 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     headers=_otela_headers(request_id, upstream),
                     content_type=None,
                 )
-                response.headers["Content-Type"] = upstream.head.headers.get("content-type", "application/json")
+                response.headers["Content-Type"] = upstream.head.headers.get(
+                    "content-type", "application/json"
+                )
                 break
         if len(tried) > 1:
             metrics.retries.labels(model).inc(len(tried) - 1)
@@ -156,7 +167,9 @@ async def _relay_stream(
 ) -> web.StreamResponse:
     """Pipe SSE chunks as they arrive; after the first byte a failure can only be an SSE error event."""
     stream, target = upstream.stream, upstream.target
-    response = web.StreamResponse(status=upstream.head.status, headers=_otela_headers(routed.request_id, upstream))
+    response = web.StreamResponse(
+        status=upstream.head.status, headers=_otela_headers(routed.request_id, upstream)
+    )
     response.content_type = "text/event-stream"
     response.headers["Cache-Control"] = "no-cache"
     ok = False
@@ -171,7 +184,11 @@ async def _relay_stream(
         except (StreamResetError, ConnectionClosedError) as exc:
             err = _mid_stream_error(exc)
             logger.warning(
-                "stream %s from %s broke after %d bytes: %s", routed.request_id, target.session_id[:8], sent, exc
+                "stream %s from %s broke after %d bytes: %s",
+                routed.request_id,
+                target.session_id[:8],
+                sent,
+                exc,
             )
             gw.mesh.report_failure(target, err)
             gw.metrics.errors.labels(routed.model, err.code).inc()
@@ -184,4 +201,6 @@ async def _relay_stream(
         stream.reset(RESET_CANCELLED, "client disconnected")
         raise
     finally:
-        gw.forwarder.policy.on_request_end(target, routed, ok=ok, latency_s=time.perf_counter() - upstream.started)
+        gw.forwarder.policy.on_request_end(
+            target, routed, ok=ok, latency_s=time.perf_counter() - upstream.started
+        )

@@ -17,7 +17,9 @@ def _hardware_summary(record: NodeRecord) -> dict[str, Any]:
     gpus = hw.get("gpus") or []
     cpu = hw.get("cpu") or {}
     return {
-        "gpus": [{"name": g.get("name"), "memory_mib": g.get("memory_mib")} for g in gpus if isinstance(g, dict)],
+        "gpus": [
+            {"name": g.get("name"), "memory_mib": g.get("memory_mib")} for g in gpus if isinstance(g, dict)
+        ],
         "cpu": cpu.get("model"),
         "cpu_threads": cpu.get("threads"),
         "ram_mib": hw.get("ram_mib"),
