@@ -1,0 +1,58 @@
+"""Settings of the fabric: connect and handshake timeouts, flow-control windows, stream limits, keepalive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from opentela.errors import ConfigError
+from opentela.fabric._frames import INITIAL_WINDOW, MAX_FRAME_PAYLOAD, MAX_WINDOW
+
+
+@dataclass(frozen=True)
+class FabricConfig:
+    """How this node's peer connections behave; peers may differ in every setting."""
+
+    dial_timeout: float = field(
+        default=5.0,
+        metadata={
+            "help": "Seconds to open a connection to a peer (TCP, TLS and identity handshake together)."
+        },
+    )
+    handshake_timeout: float = field(
+        default=5.0,
+        metadata={"help": "Seconds an inbound connection may take to finish the TLS and identity handshake."},
+    )
+    stream_window: int = field(
+        default=INITIAL_WINDOW,
+        metadata={
+            "help": "Bytes a peer may send on one stream before we read them (receive window, at least 262144)."
+        },
+    )
+    max_frame_payload: int = field(
+        default=64 * 1024,
+        metadata={
+            "help": "Largest DATA payload we send in one frame (at most 262144, what every peer accepts)."
+        },
+    )
+    max_inbound_streams: int = field(
+        default=1024,
+        metadata={"help": "Streams a peer may have open towards us on one connection; more are refused."},
+    )
+    keepalive_interval: float = field(
+        default=15.0, metadata={"help": "Seconds of silence on a connection before we ping the peer."}
+    )
+    keepalive_timeout: float = field(
+        default=10.0,
+        metadata={"help": "Seconds to wait for the ping answer before the connection is declared dead."},
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("dial_timeout", "handshake_timeout", "keepalive_interval", "keepalive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[fabric] {name} must be positive, got {getattr(self, name)!r}")
+        if not INITIAL_WINDOW <= self.stream_window <= MAX_WINDOW:
+            raise ConfigError(f"[fabric] stream_window must be {INITIAL_WINDOW}..{MAX_WINDOW} bytes")
+        if not 1024 <= self.max_frame_payload <= MAX_FRAME_PAYLOAD:
+            raise ConfigError(f"[fabric] max_frame_payload must be 1024..{MAX_FRAME_PAYLOAD} bytes")
+        if self.max_inbound_streams < 1:
+            raise ConfigError("[fabric] max_inbound_streams must be at least 1")

@@ -1,0 +1,535 @@
+"""The Host: a node's endpoint on the fabric (listen, dial, one connection per peer, stream handlers)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import ssl
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
+
+from opentela._types import PeerId, ProtocolName, Stream
+from opentela.errors import (
+    ConnectionClosedError,
+    DialTimeout,
+    FabricError,
+    HandshakeError,
+    OpenTelaError,
+    PeerUnreachableError,
+)
+from opentela.fabric._config import FabricConfig
+from opentela.fabric._frames import ErrorCode
+from opentela.fabric.addresses import format_addr, parse_addr
+from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
+from opentela.fabric.identity import Identity
+from opentela.fabric.mux import MuxConnection
+from opentela.fabric.stream import MuxStream
+from opentela.fabric.tls import TlsMaterial
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Stream], Awaitable[None]]
+_Target = tuple[str, int, PeerId | None]
+
+_STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
+_SSL_SHUTDOWN_TIMEOUT = 2.0
+_CLOSE_TIMEOUT = 2.0
+
+
+class Host:
+    """Listens for peers, dials them, keeps one connection per peer and runs stream handlers.
+
+    Use as `async with await Host.create(identity) as host:` or call `aclose()`; it owns every task it starts.
+    """
+
+    def __init__(self, identity: Identity, config: FabricConfig, tls: TlsMaterial) -> None:
+        self.identity = identity
+        self.peer_id: PeerId = identity.peer_id
+        self.config = config
+        self.listen_addrs: list[str] = []
+        self._tls = tls
+        self._loop = asyncio.get_running_loop()
+        self._server: asyncio.Server | None = None
+        self._handlers: dict[ProtocolName, Handler] = {}
+        self._conns: dict[PeerId, MuxConnection] = {}
+        self._live: set[MuxConnection] = set()
+        self._dialing: dict[Any, asyncio.Task[PeerId]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self._announced: set[PeerId] = set()
+        self._on_connected: list[Callable[[PeerId], None]] = []
+        self._on_disconnected: list[Callable[[PeerId], None]] = []
+        self._closed = False
+
+    @classmethod
+    async def create(
+        cls, identity: Identity, listen: str = "127.0.0.1:0", *, config: FabricConfig | None = None
+    ) -> Host:
+        """Bind `listen` ("host:port", port 0 for any) and start accepting peers."""
+        config = config or FabricConfig()
+        tls = await asyncio.to_thread(TlsMaterial.create, identity)
+        host = cls(identity, config, tls)
+        bind_host, port, _ = parse_addr(listen)
+        host._server = await host._loop.create_server(
+            host._inbound_protocol,
+            bind_host or None,
+            port,
+            ssl=tls.server_context,
+            ssl_handshake_timeout=config.handshake_timeout,
+            ssl_shutdown_timeout=_SSL_SHUTDOWN_TIMEOUT,
+            reuse_address=True,
+        )
+        host.listen_addrs = [format_addr(*sock.getsockname()[:2]) for sock in host._server.sockets]
+        logger.info("fabric listening", extra={"peer_id": host.peer_id, "addrs": ",".join(host.listen_addrs)})
+        return host
+
+    async def __aenter__(self) -> Host:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Host {self.peer_id[-8:]} listen={','.join(self.listen_addrs)} peers={len(self._conns)}>"
+
+    # --- public surface -------------------------------------------------------------------------------------
+    def set_handler(self, protocol: ProtocolName, handler: Handler) -> None:
+        """Serve `protocol`: each inbound stream naming it runs `handler(stream)` in its own task."""
+        self._handlers[protocol] = handler
+
+    def on_peer_connected(self, callback: Callable[[PeerId], None]) -> None:
+        """Call `callback(peer_id)` when we gain a connection to a peer we were not connected to."""
+        self._on_connected.append(callback)
+
+    def on_peer_disconnected(self, callback: Callable[[PeerId], None]) -> None:
+        """Call `callback(peer_id)` when our connection to a peer is lost or closed."""
+        self._on_disconnected.append(callback)
+
+    def is_connected(self, peer_id: PeerId) -> bool:
+        """True if a live connection to `peer_id` exists."""
+        conn = self._conns.get(peer_id)
+        return conn is not None and conn.usable
+
+    def connected_peers(self) -> list[PeerId]:
+        """Peers with a live connection."""
+        return [pid for pid, conn in self._conns.items() if conn.usable]
+
+    def connection(self, peer_id: PeerId) -> MuxConnection | None:
+        """The connection to `peer_id`, if any (for diagnostics)."""
+        return self._conns.get(peer_id)
+
+    async def connect(
+        self, addr: str, *, peer_id: PeerId | None = None, timeout: float | None = None
+    ) -> PeerId:
+        """Connect to the peer at `addr` (reusing a live connection) and return its peer id.
+
+        Raises HandshakeError (wrong key or refused), PeerUnreachableError, DialTimeout; ValueError for a
+        malformed address.
+        """
+        host, port, in_addr = parse_addr(addr)
+        if peer_id is not None and in_addr is not None and peer_id != in_addr:
+            raise ValueError(f"address {addr!r} names peer {in_addr}, not {peer_id}")
+        return await self._connect(peer_id or in_addr, [(host, port, in_addr)], timeout)
+
+    async def open_stream(
+        self,
+        peer_id: PeerId,
+        protocol: ProtocolName,
+        *,
+        addrs: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> Stream:
+        """A new stream to `peer_id` speaking `protocol`, dialing one of `addrs` if not connected."""
+        conn = self._conns.get(peer_id)
+        if conn is not None and conn.usable:
+            return conn.open_stream(protocol)  # the hot path: no await, no allocation beyond the stream
+        targets = []
+        for addr in addrs:
+            try:
+                host, port, in_addr = parse_addr(addr)
+            except ValueError as exc:
+                logger.debug("skipping bad address %r of %s: %s", addr, peer_id, exc)
+                continue
+            if in_addr is None or in_addr == peer_id:
+                targets.append((host, port, peer_id))
+        if not targets and peer_id not in self._dialing:
+            raise PeerUnreachableError(f"not connected to {peer_id} and no address to dial", peer_id=peer_id)
+        await self._connect(peer_id, targets, timeout)
+        conn = self._conns.get(peer_id)
+        if conn is None or not conn.usable:
+            raise PeerUnreachableError(f"the connection to {peer_id} closed right after it opened")
+        return conn.open_stream(protocol)
+
+    async def bootstrap(
+        self,
+        addrs: Sequence[str],
+        *,
+        initial_delay: float = 0.5,
+        max_delay: float = 30.0,
+        attempts: int | None = None,
+    ) -> list[PeerId]:
+        """Connect to every address that answers, retrying with backoff until at least one does.
+
+        Retries forever when `attempts` is None; otherwise raises PeerUnreachableError after that many rounds.
+        Addresses that turn out to be this node are dropped; if none is left, returns [].
+        """
+        pending = list(dict.fromkeys(addrs))
+        for addr in pending:
+            parse_addr(addr)  # a typo in configuration should fail now, not retry forever
+        round_no = 0
+        while pending:
+            results = await asyncio.gather(*(self.connect(a) for a in pending), return_exceptions=True)
+            reached: list[PeerId] = []
+            still: list[str] = []
+            for addr, result in zip(pending, results, strict=True):
+                if isinstance(result, BaseException) and not isinstance(result, Exception):
+                    raise result
+                if isinstance(result, HandshakeError) and result.details.get("self_dial"):
+                    logger.info("bootstrap address %s is this node; skipping it", addr)
+                    continue
+                still.append(addr)
+                if isinstance(result, Exception):
+                    logger.info("bootstrap peer %s failed: %s", addr, result)
+                elif result not in reached:
+                    reached.append(result)
+            pending = still
+            if reached:
+                logger.info("bootstrapped", extra={"peers": ",".join(reached), "round": round_no + 1})
+                return reached
+            round_no += 1
+            if not pending:
+                break
+            if attempts is not None and round_no >= attempts:
+                raise PeerUnreachableError(f"no bootstrap peer answered after {round_no} rounds: {pending}")
+            # Full jitter: spreads a crowd of restarting nodes over the whole backoff interval.
+            delay = random.uniform(0, min(max_delay, initial_delay * 2 ** (round_no - 1)))
+            logger.warning(
+                "no bootstrap peer reachable (round %d); retrying in %.2fs",
+                round_no,
+                delay,
+                extra={"addrs": pending},
+            )
+            await asyncio.sleep(delay)
+        return []
+
+    async def aclose(self) -> None:
+        """Stop listening, cancel handlers and dials, say goodbye on every connection and close it."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT)
+        conns = list(self._live)
+        for conn in conns:
+            conn.close(ErrorCode.NO_ERROR, "host shutting down")
+        if conns:
+            _, stuck = await asyncio.wait([c.lost for c in conns], timeout=_CLOSE_TIMEOUT)
+            for conn in conns:
+                if not conn.lost.done():
+                    conn.abort()
+            if stuck:
+                await asyncio.wait(stuck, timeout=_CLOSE_TIMEOUT)
+        if self._server is not None:
+            await self._server.wait_closed()
+        logger.info("fabric closed", extra={"peer_id": self.peer_id})
+
+    # --- tasks ----------------------------------------------------------------------------------------------
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        task = self._loop.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here: dial errors are reported to whoever awaited, if anyone
+
+    # --- inbound --------------------------------------------------------------------------------------------
+    def _new_conn(self, initiator: bool) -> MuxConnection:
+        return MuxConnection(
+            self.config,
+            initiator=initiator,
+            on_stream=self._on_stream,
+            on_goaway=self._on_goaway,
+            on_close=self._on_close,
+            on_made=self._live.add,
+        )
+
+    def _inbound_protocol(self) -> MuxConnection:
+        conn = self._new_conn(initiator=False)
+        conn.on_made = self._on_inbound_made
+        return conn
+
+    def _on_inbound_made(self, conn: MuxConnection) -> None:
+        self._live.add(conn)
+        if self._closed:
+            conn.abort()
+            return
+        self._spawn(self._accept(conn), "otela-fabric-accept")
+
+    async def _accept(self, conn: MuxConnection) -> None:
+        try:
+            async with asyncio.timeout(self.config.handshake_timeout):
+                peer_id = await server_handshake(conn, self._tls.certificate, self.peer_id)
+        except (HandshakeError, TimeoutError, OSError) as exc:
+            logger.info(
+                "inbound handshake from %s failed: %s", conn.get_extra_info("peername"), exc or "timeout"
+            )
+            conn.close(ErrorCode.PROTOCOL_ERROR, "handshake failed")
+            return
+        conn.start(peer_id)
+        self._register(conn)
+
+    # --- outbound -------------------------------------------------------------------------------------------
+    async def _connect(
+        self, expected: PeerId | None, targets: list[_Target], timeout: float | None
+    ) -> PeerId:
+        if self._closed:
+            raise ConnectionClosedError("the host is closed")
+        if expected is not None:
+            conn = self._conns.get(expected)
+            if conn is not None and conn.usable:
+                return expected
+        key: Any = expected if expected is not None else targets[0][:2]
+        task = self._dialing.get(key)
+        timeout = self.config.dial_timeout if timeout is None else timeout
+        if task is None:
+            deadline = self._loop.time() + timeout
+            task = self._spawn(self._dial(expected, targets, deadline), f"otela-dial-{key}")
+            self._dialing[key] = task
+            task.add_done_callback(lambda t: self._forget_dial(key, t))
+        try:
+            async with asyncio.timeout(timeout):
+                # Shielded: a caller giving up must not cancel the dial others are waiting for.
+                return await asyncio.shield(task)
+        except TimeoutError:
+            who = expected or format_addr(*targets[0][:2])
+            raise DialTimeout(f"connecting to {who} took over {timeout}s", peer_id=expected) from None
+
+    def _forget_dial(self, key: Any, task: asyncio.Task[Any]) -> None:
+        if self._dialing.get(key) is task:
+            del self._dialing[key]
+
+    async def _dial(self, expected: PeerId | None, targets: list[_Target], deadline: float) -> PeerId:
+        remaining = list(targets)
+        errors: list[Exception] = []
+        while remaining:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    conn, index = await self._race(remaining, errors)
+            except TimeoutError:
+                errors.append(DialTimeout("timed out"))
+                break
+            if conn is None:
+                break
+            host, port, _ = remaining.pop(index)
+            try:
+                return await self._finish_dial(conn, expected, deadline)
+            except HandshakeError as exc:
+                conn.abort()
+                logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
+                errors.append(exc)
+                if exc.details.get("self_dial"):
+                    break
+            except TimeoutError:
+                conn.abort()
+                errors.append(DialTimeout(f"handshake with {format_addr(host, port)} timed out"))
+                break
+            except BaseException:
+                conn.abort()
+                raise
+        where = ", ".join(format_addr(h, p) for h, p, _ in targets)
+        who = expected or where
+        for exc in errors:
+            if isinstance(exc, HandshakeError):
+                raise exc
+        if any(isinstance(exc, DialTimeout) for exc in errors):
+            raise DialTimeout(f"connecting to {who} at {where} timed out", peer_id=expected)
+        reasons = "; ".join(str(e) for e in errors) or "no address"
+        raise PeerUnreachableError(f"cannot reach {who} at {where}: {reasons}", peer_id=expected)
+
+    async def _finish_dial(self, conn: MuxConnection, expected: PeerId | None, deadline: float) -> PeerId:
+        ssl_object = conn.get_extra_info("ssl_object")
+        certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        peer_id = check_server_certificate(certificate, expected, self.peer_id)
+        existing = self._conns.get(peer_id)
+        if existing is not None and existing.usable:
+            conn.close()  # dialed by address and found we already have this peer
+            return peer_id
+        other = self._dialing.get(peer_id)
+        current = asyncio.current_task()
+        if expected is None and other is not None and other is not current:
+            conn.close()  # another dial to the same peer is further along: share it
+            return await asyncio.shield(other)
+        if other is None and current is not None:
+            # Dialed by address: from here on, dials naming this peer join ours instead of racing it.
+            self._dialing[peer_id] = current  # type: ignore[assignment]
+            current.add_done_callback(lambda t: self._forget_dial(peer_id, t))
+        async with asyncio.timeout_at(deadline):
+            await client_handshake(conn, self.identity, certificate or b"")
+        conn.start(peer_id)
+        self._register(conn)
+        return peer_id
+
+    async def _race(
+        self, targets: list[_Target], errors: list[Exception]
+    ) -> tuple[MuxConnection | None, int]:
+        """Open TLS to the targets, staggered, the first to succeed wins; (None, -1) if all fail."""
+        attempts: dict[asyncio.Task[MuxConnection], int] = {}
+        next_index = 0
+        try:
+            while True:
+                if next_index < len(targets):
+                    host, port, _ = targets[next_index]
+                    attempts[self._loop.create_task(self._open_tls(host, port))] = next_index
+                    next_index += 1
+                if not attempts:
+                    return None, -1
+                done, _ = await asyncio.wait(
+                    attempts,
+                    timeout=_STAGGER if next_index < len(targets) else None,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                winner: tuple[MuxConnection, int] | None = None
+                for task in done:
+                    index = attempts.pop(task)
+                    exc = task.exception()
+                    if exc is not None:
+                        errors.append(exc)
+                    elif winner is None:
+                        winner = (task.result(), index)
+                    else:
+                        task.result().abort()
+                if winner is not None:
+                    return winner
+        finally:
+            for task in attempts:
+                task.cancel()
+            for result in await asyncio.gather(*attempts, return_exceptions=True):
+                if isinstance(result, MuxConnection):
+                    result.abort()
+
+    async def _open_tls(self, host: str, port: int) -> MuxConnection:
+        conn = self._new_conn(initiator=True)
+        where = format_addr(host, port)
+        try:
+            await self._loop.create_connection(
+                lambda: conn,
+                host,
+                port,
+                ssl=self._tls.client_context,
+                server_hostname="",
+                ssl_handshake_timeout=self.config.handshake_timeout,
+                ssl_shutdown_timeout=_SSL_SHUTDOWN_TIMEOUT,
+            )
+        except ssl.SSLError as exc:
+            raise HandshakeError(f"TLS handshake with {where} failed: {exc}") from exc
+        except OSError as exc:
+            raise PeerUnreachableError(f"{where}: {exc.strerror or exc}") from exc
+        return conn
+
+    # --- connection bookkeeping -----------------------------------------------------------------------------
+    def _register(self, conn: MuxConnection) -> None:
+        """Make `conn` the connection to its peer, or, if one exists, keep exactly one of the two."""
+        peer_id = conn.remote_peer
+        if self._closed:
+            conn.close(ErrorCode.NO_ERROR, "host shutting down")
+            return
+        old = self._conns.get(peer_id)
+        if old is not None and old.usable:
+            if not self._keep_new(conn, old):
+                logger.debug("duplicate connection to %s: keeping the older one", peer_id)
+                conn.go_away(ErrorCode.DUPLICATE_CONNECTION, "duplicate connection")
+                return
+            logger.debug("duplicate connection to %s: keeping the newer one", peer_id)
+            self._conns[peer_id] = conn
+            old.go_away(ErrorCode.DUPLICATE_CONNECTION, "duplicate connection")
+        else:
+            self._conns[peer_id] = conn
+        if peer_id not in self._announced:
+            self._announced.add(peer_id)
+            logger.info("peer connected", extra={"peer_id": peer_id, "dialer": conn.initiator})
+            self._notify(self._on_connected, peer_id)
+
+    def _keep_new(self, new: MuxConnection, old: MuxConnection) -> bool:
+        # Both ends must pick the same survivor without talking: keep the connection dialed by the smaller
+        # peer id. Two dialed by the same side mean it lost the old one (or never saw it finish): keep the new.
+        new_dialer = self.peer_id if new.initiator else new.remote_peer
+        old_dialer = self.peer_id if old.initiator else old.remote_peer
+        return new_dialer < old_dialer if new_dialer != old_dialer else True
+
+    def _on_goaway(self, conn: MuxConnection, code: int, message: str) -> None:
+        peer_id = conn.remote_peer
+        if self._conns.get(peer_id) is not conn:
+            return
+        del self._conns[peer_id]
+        if code == ErrorCode.DUPLICATE_CONNECTION:
+            # The peer kept our other connection, which may not have finished its handshake here yet: give it
+            # a moment before telling anyone the peer is gone.
+            timer = self._loop.call_later(min(1.0, self.config.handshake_timeout), self._check_gone, peer_id)
+            self._timers.add(timer)
+        else:
+            self._check_gone(peer_id)
+
+    def _on_close(self, conn: MuxConnection) -> None:
+        self._live.discard(conn)
+        peer_id = conn.remote_peer
+        if peer_id and self._conns.get(peer_id) is conn:
+            del self._conns[peer_id]
+            self._check_gone(peer_id)
+
+    def _check_gone(self, peer_id: PeerId) -> None:
+        self._timers = {t for t in self._timers if not t.cancelled() and t.when() > self._loop.time()}
+        if peer_id in self._conns or peer_id not in self._announced:
+            return
+        self._announced.discard(peer_id)
+        logger.info("peer disconnected", extra={"peer_id": peer_id})
+        self._notify(self._on_disconnected, peer_id)
+
+    @staticmethod
+    def _notify(callbacks: list[Callable[[PeerId], None]], peer_id: PeerId) -> None:
+        for callback in list(callbacks):
+            try:
+                callback(peer_id)
+            except Exception:
+                logger.exception("peer callback %r failed for %s", callback, peer_id)
+
+    # --- stream dispatch ------------------------------------------------------------------------------------
+    def _on_stream(self, stream: MuxStream) -> None:
+        handler = self._handlers.get(stream.protocol)
+        if handler is None:
+            stream.reset(ErrorCode.UNKNOWN_PROTOCOL, f"no handler for protocol {stream.protocol!r}")
+            return
+        if self._closed:
+            stream.reset(ErrorCode.REFUSED_STREAM, "host shutting down")
+            return
+        self._spawn(self._run_handler(handler, stream), f"otela-handler-{stream.protocol}")
+
+    async def _run_handler(self, handler: Handler, stream: MuxStream) -> None:
+        try:
+            await handler(stream)
+        except asyncio.CancelledError:
+            stream.reset(ErrorCode.CANCEL, "handler cancelled")
+            raise
+        except (FabricError, asyncio.IncompleteReadError) as exc:
+            # The stream or connection failed under the handler: nothing to report to anyone.
+            logger.debug("handler for %r ended by %r", stream, exc)
+            stream.reset(ErrorCode.CANCEL, "handler ended")
+        except Exception as exc:
+            logger.exception("handler for %s from %s failed", stream.protocol, stream.remote_peer)
+            stream.reset(ErrorCode.INTERNAL_ERROR, f"handler failed: {type(exc).__name__}")
+        else:
+            try:
+                await stream.aclose()
+            except OpenTelaError:
+                pass

@@ -1,0 +1,487 @@
+"""One authenticated peer connection carrying many multiplexed streams (an asyncio.Protocol).
+
+The connection first runs the identity handshake over raw bytes (`recv_exactly`/`send`), then `start()` switches
+it to frames. Outgoing frames are queued and written together once per event-loop pass: a request's SYN, data
+and FIN leave in one TLS record and one syscall, without any timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from opentela._types import PeerId, ProtocolName
+from opentela.errors import ConnectionClosedError, HandshakeError, ProtocolError
+from opentela.fabric import _frames as fr
+from opentela.fabric._config import FabricConfig
+from opentela.fabric.stream import MuxStream
+
+logger = logging.getLogger(__name__)
+
+_SMALL = 16 * 1024  # payloads up to this are copied into one buffer with their header (and may take a FIN)
+_JOIN_LIMIT = 64 * 1024  # output up to this is joined into one write; above, writelines avoids the copy
+_MAX_REASON = 512
+
+
+def _reason(message: str) -> str:
+    raw = message.encode()
+    return message if len(raw) <= _MAX_REASON else raw[:_MAX_REASON].decode(errors="ignore")
+
+
+class MuxConnection(asyncio.Protocol):
+    """A TLS connection to one peer, multiplexing MuxStreams; see docs/protocol.md for the rules."""
+
+    def __init__(
+        self,
+        config: FabricConfig,
+        *,
+        initiator: bool,
+        on_stream: Callable[[MuxStream], None] | None = None,
+        on_goaway: Callable[[MuxConnection, int, str], None] | None = None,
+        on_close: Callable[[MuxConnection], None] | None = None,
+        on_made: Callable[[MuxConnection], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.initiator = initiator
+        self.remote_peer: PeerId = ""
+        self.max_frame = config.max_frame_payload
+        self.write_paused = False
+        self.on_stream = on_stream
+        self.on_goaway = on_goaway
+        self.on_close = on_close
+        self.on_made = on_made
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._decoder = fr.FrameDecoder()
+        self._streams: dict[int, MuxStream] = {}
+        self._next_id = 1 if initiator else 2
+        self._last_remote_id = 0
+        self._inbound = 0
+        self._syn_queue: deque[MuxStream] = deque()
+        self._out: list[Any] = []
+        self._gen = 0
+        self._flush_handle: asyncio.Handle | None = None
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._hs_buf = bytearray()
+        self._hs_waiter: asyncio.Future[None] | None = None
+        self._running = False
+        self._goaway_sent = False
+        self._goaway_received = False
+        self.error: Exception | None = None
+        """Why the connection ended (None while it is alive)."""
+        self.lost: asyncio.Future[None] = self._loop.create_future()
+        """Done once the transport is gone."""
+        self._last_recv = self._loop.time()
+        self._ping_sent_at = 0.0
+        self._ping_value = 0
+        self._keepalive: asyncio.TimerHandle | None = None
+
+    def __repr__(self) -> str:
+        role = "dialer" if self.initiator else "listener"
+        if self.error is not None:
+            state = f"closed ({self.error})"
+        elif self._goaway_sent or self._goaway_received:
+            state = "draining"
+        else:
+            state = "open" if self._running else "handshaking"
+        peer = self.remote_peer[-8:] if self.remote_peer else "?"
+        return f"<MuxConnection {role} peer={peer} {state} streams={len(self._streams)}>"
+
+    # --- state ----------------------------------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        """True while new streams may be opened on this connection."""
+        return self._running and self.error is None and not (self._goaway_sent or self._goaway_received)
+
+    @property
+    def stream_count(self) -> int:
+        """Streams currently open (both directions)."""
+        return len(self._streams)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """Transport details ("ssl_object", "peername", ...)."""
+        return self._transport.get_extra_info(name, default) if self._transport is not None else default
+
+    # --- asyncio.Protocol -----------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """The transport is up (TLS handshake done)."""
+        self._transport = transport  # type: ignore[assignment]  # uvloop's SSL transport is not a subclass
+        if self.on_made is not None:
+            self.on_made(self)
+
+    def data_received(self, data: bytes) -> None:
+        """Decode and dispatch frames; a malformed one ends the connection."""
+        if not self._running:
+            self._hs_buf += data
+            if self._hs_waiter is not None and not self._hs_waiter.done():
+                self._hs_waiter.set_result(None)
+            return
+        if self.error is not None:
+            return
+        self._last_recv = self._loop.time()
+        try:
+            for frame in self._decoder.feed(data):
+                self._dispatch(frame)
+        except ProtocolError as exc:
+            logger.warning("protocol error from %s, closing the connection: %s", self.remote_peer, exc)
+            self._fail(exc, goaway=exc.details.get("wire_code", fr.ErrorCode.PROTOCOL_ERROR))
+
+    def eof_received(self) -> bool | None:
+        """The peer closed its side; we close ours (streams fail in connection_lost)."""
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The transport is gone: fail every stream."""
+        reason = f"connection to {self.remote_peer or 'peer'} lost" + (f": {exc}" if exc else "")
+        self._fail(ConnectionClosedError(reason))
+        self._transport = None
+        if not self.lost.done():
+            self.lost.set_result(None)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: writers wait."""
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        """The transport drained: wake writers."""
+        self.write_paused = False
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def wait_writable(self) -> None:
+        """Wait until the transport accepts more output."""
+        while self.write_paused and self.error is None:
+            waiter = self._loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    # --- handshake phase ------------------------------------------------------------------------------------
+    async def recv_exactly(self, n: int) -> bytes:
+        """Handshake only: the next `n` raw bytes."""
+        while len(self._hs_buf) < n:
+            if self.error is not None:
+                raise HandshakeError(f"connection closed during the handshake: {self.error}")
+            self._hs_waiter = self._loop.create_future()
+            try:
+                await self._hs_waiter
+            finally:
+                self._hs_waiter = None
+        data = bytes(self._hs_buf[:n])
+        del self._hs_buf[:n]
+        return data
+
+    def send(self, data: bytes) -> None:
+        """Handshake only: raw bytes to the peer."""
+        if self._transport is None or self.error is not None:
+            raise HandshakeError("connection closed during the handshake")
+        self._transport.write(data)
+
+    def start(self, remote_peer: PeerId) -> None:
+        """The handshake succeeded: switch to frames (processing anything that already arrived)."""
+        self.remote_peer = remote_peer
+        self._running = True
+        self._last_recv = self._loop.time()
+        self._keepalive = self._loop.call_later(self.config.keepalive_interval, self._keepalive_tick)
+        pending, self._hs_buf = bytes(self._hs_buf), bytearray()
+        if pending:
+            self.data_received(pending)
+
+    # --- opening streams ------------------------------------------------------------------------------------
+    def open_stream(self, protocol: ProtocolName) -> MuxStream:
+        """A new outbound stream; its SYN leaves with its first data (or alone at the end of this loop pass)."""
+        if not self.usable:
+            raise ConnectionClosedError(f"{self!r} takes no new streams")
+        prefix = fr.syn_prefix(protocol)
+        stream_id = self._next_id
+        if stream_id > fr.MAX_STREAM_ID:
+            self.go_away(fr.ErrorCode.NO_ERROR, "stream ids exhausted")
+            raise ConnectionClosedError(f"{self!r} ran out of stream ids")
+        self._next_id += 2
+        stream = MuxStream(self, stream_id, protocol, self.remote_peer, self.config.stream_window)
+        stream._syn_pending = prefix
+        self._streams[stream_id] = stream
+        self._syn_queue.append(stream)
+        if self.config.stream_window > fr.INITIAL_WINDOW:
+            stream._grant(self.config.stream_window - fr.INITIAL_WINDOW)
+        self._schedule_flush()
+        return stream
+
+    # --- output ---------------------------------------------------------------------------------------------
+    def _schedule_flush(self) -> None:
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_handle = None
+        while self._syn_queue:
+            stream = self._syn_queue.popleft()
+            if stream._syn_pending is not None:
+                self._syn_frame(stream, b"", 0)
+        out = self._out
+        if not out:
+            return
+        self._out = []
+        self._gen += 1
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if len(out) == 1:
+            transport.write(out[0])
+        elif sum(map(len, out)) <= _JOIN_LIMIT:
+            transport.write(b"".join(out))
+        else:
+            transport.writelines(out)
+
+    def _emit_syn(self, stream: MuxStream, data: bytes | memoryview = b"", flags: int = 0) -> None:
+        """Emit the SYN of `stream`, after those of streams opened before it (ids must arrive in order)."""
+        queue = self._syn_queue
+        while queue:
+            earlier = queue.popleft()
+            if earlier is stream:
+                break
+            if earlier._syn_pending is not None:
+                self._syn_frame(earlier, b"", 0)
+        self._syn_frame(stream, data, flags)
+
+    def _syn_frame(self, stream: MuxStream, data: bytes | memoryview, flags: int) -> None:
+        prefix = stream._syn_pending
+        assert prefix is not None
+        stream._syn_pending = None
+        frame = bytearray(
+            fr.HEADER.pack(fr.VERSION, fr.DATA, flags | fr.SYN, stream._id, len(prefix) + len(data))
+        )
+        frame += prefix
+        frame += data
+        self._out.append(frame)
+        stream._tail, stream._tail_gen = frame, self._gen
+
+    def _send_data(self, stream: MuxStream, data: bytes | memoryview, fin: bool) -> None:
+        if self.error is not None:
+            return
+        flags = fr.FIN if fin else 0
+        if stream._syn_pending is not None:
+            self._emit_syn(stream, data, flags)
+        elif not data and fin and stream._tail is not None and stream._tail_gen == self._gen:
+            stream._tail[3] |= fr.FIN  # the flags' low byte of a DATA frame still in the output buffer
+            stream._tail = None
+            return
+        elif len(data) <= _SMALL:
+            frame = bytearray(fr.HEADER.pack(fr.VERSION, fr.DATA, flags, stream._id, len(data)))
+            frame += data
+            self._out.append(frame)
+            stream._tail, stream._tail_gen = frame, self._gen
+        else:
+            self._out.append(fr.HEADER.pack(fr.VERSION, fr.DATA, flags, stream._id, len(data)))
+            self._out.append(data)
+            stream._tail = None
+        self._schedule_flush()
+
+    def _send_window_update(self, stream: MuxStream, delta: int) -> None:
+        if self.error is not None:
+            return
+        if stream._syn_pending is not None:
+            self._emit_syn(stream)
+        self._out.append(fr.encode_window_update(stream._id, delta))
+        self._schedule_flush()
+
+    def _send_reset(self, stream: MuxStream, code: int, message: str) -> None:
+        if self.error is not None:
+            return
+        if stream._syn_pending is not None:
+            stream._syn_pending = None  # the peer never heard of it: nothing to reset
+            return
+        self._out.append(fr.encode_rst(stream._id, code, _reason(message)))
+        self._schedule_flush()
+
+    def _release(self, stream: MuxStream) -> None:
+        if self._streams.pop(stream._id, None) is not None and (stream._id & 1) != self.initiator:
+            self._inbound -= 1
+        if not self._streams and self._goaway_sent and self._goaway_received:
+            self.close()
+
+    # --- input ----------------------------------------------------------------------------------------------
+    def _dispatch(self, frame: fr.Frame) -> None:
+        ftype = frame.type
+        if ftype == fr.DATA:
+            flags = frame.flags
+            if flags & fr.SYN:
+                self._on_syn(frame)
+                return
+            stream = self._streams.get(frame.stream_id)
+            if stream is None:
+                self._check_stale(frame.stream_id)
+            elif flags & fr.RST:
+                stream._on_reset(frame.code, frame.message)
+            elif stream._remote_eof:
+                raise ProtocolError(f"data after FIN on stream {frame.stream_id}")
+            elif not stream._on_data(frame.data, bool(flags & fr.FIN)):
+                raise ProtocolError(
+                    f"stream {frame.stream_id} exceeded its flow-control window",
+                    wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR,
+                )
+        elif ftype == fr.WINDOW_UPDATE:
+            stream = self._streams.get(frame.stream_id)
+            if stream is None:
+                self._check_stale(frame.stream_id)
+            elif not stream._on_window_update(frame.value):
+                raise ProtocolError(
+                    f"window of stream {frame.stream_id} overflowed",
+                    wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR,
+                )
+        elif ftype == fr.PING:
+            if not frame.flags & fr.ACK:
+                self._out.append(fr.encode_ping(frame.value, ack=True))
+                self._schedule_flush()
+        else:
+            self._on_goaway(frame.code, frame.message)
+
+    def _check_stale(self, stream_id: int) -> None:
+        """A frame for a stream we do not hold: fine if it was closed, a protocol error if never opened."""
+        if (stream_id & 1) == self.initiator:
+            if stream_id >= self._next_id:
+                raise ProtocolError(f"frame for our stream {stream_id}, which was never opened")
+        elif stream_id > self._last_remote_id:
+            raise ProtocolError(f"frame for stream {stream_id}, which the peer never opened")
+
+    def _on_syn(self, frame: fr.Frame) -> None:
+        stream_id = frame.stream_id
+        if (stream_id & 1) == self.initiator:
+            raise ProtocolError(f"the peer opened stream {stream_id}, an id from our half")
+        if stream_id <= self._last_remote_id:
+            raise ProtocolError(f"stream id {stream_id} reused or out of order")
+        self._last_remote_id = stream_id
+        if self.error is not None:
+            return
+        if self._inbound >= self.config.max_inbound_streams:
+            logger.info("refusing stream %d from %s: too many streams", stream_id, self.remote_peer)
+            self._out.append(fr.encode_rst(stream_id, fr.ErrorCode.REFUSED_STREAM, "too many streams"))
+            self._schedule_flush()
+            return
+        stream = MuxStream(self, stream_id, frame.protocol, self.remote_peer, self.config.stream_window)
+        if not stream._on_data(frame.data, bool(frame.flags & fr.FIN)):
+            raise ProtocolError(
+                "SYN frame over the initial window", wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR
+            )
+        self._streams[stream_id] = stream
+        self._inbound += 1
+        if self.config.stream_window > fr.INITIAL_WINDOW:
+            stream._grant(self.config.stream_window - fr.INITIAL_WINDOW)
+        if self.on_stream is None:
+            stream.reset(fr.ErrorCode.UNKNOWN_PROTOCOL, "this peer accepts no streams")
+            return
+        try:
+            self.on_stream(stream)
+        except Exception:
+            logger.exception("stream dispatch failed for %r", stream)
+            stream.reset(fr.ErrorCode.INTERNAL_ERROR, "stream dispatch failed")
+
+    def _on_goaway(self, code: int, message: str) -> None:
+        first = not self._goaway_received
+        self._goaway_received = True
+        logger.debug("GOAWAY from %s: code %d %s", self.remote_peer, code, message)
+        # Answer with ours, so both sides know neither opens more streams and the last one out closes.
+        self.go_away(code if code == fr.ErrorCode.DUPLICATE_CONNECTION else fr.ErrorCode.NO_ERROR, "goodbye")
+        if first and self.on_goaway is not None:
+            self.on_goaway(self, code, message)
+        if not self._streams:
+            self.close()
+
+    # --- keepalive ------------------------------------------------------------------------------------------
+    def _keepalive_tick(self) -> None:
+        now = self._loop.time()
+        interval = self.config.keepalive_interval
+        if now - self._last_recv < interval:
+            # Traffic proves the peer alive; look again when the connection has been quiet for a full interval.
+            self._keepalive = self._loop.call_at(self._last_recv + interval, self._keepalive_tick)
+            return
+        self._ping_value = (self._ping_value + 1) & 0xFFFFFFFFFFFFFFFF
+        self._ping_sent_at = now
+        self._out.append(fr.encode_ping(self._ping_value))
+        self._schedule_flush()
+        self._keepalive = self._loop.call_later(self.config.keepalive_timeout, self._keepalive_expired)
+
+    def _keepalive_expired(self) -> None:
+        if self._last_recv >= self._ping_sent_at:
+            self._keepalive_tick()
+            return
+        logger.warning("peer %s did not answer a keepalive ping: closing the connection", self.remote_peer)
+        self._fail(
+            ConnectionClosedError(
+                f"keepalive timeout: {self.remote_peer} silent for {self.config.keepalive_timeout}s"
+            ),
+            abort=True,
+        )
+
+    # --- closing --------------------------------------------------------------------------------------------
+    def go_away(self, code: int = fr.ErrorCode.NO_ERROR, message: str = "") -> None:
+        """Announce that we open no more streams here; the connection closes once both sides are done."""
+        if self._goaway_sent or self.error is not None or self._transport is None:
+            return
+        self._goaway_sent = True
+        self._out.append(fr.encode_goaway(code, _reason(message)))
+        self._schedule_flush()
+        if self._goaway_received and not self._streams:
+            self.close()
+
+    def close(self, code: int = fr.ErrorCode.NO_ERROR, message: str = "connection closed") -> None:
+        """Orderly close: GOAWAY, flush, close the transport; open streams fail with ConnectionClosedError."""
+        if self.error is not None:
+            return
+        if self._running:
+            self.go_away(code, message)
+        self._fail(ConnectionClosedError(f"connection to {self.remote_peer or 'peer'} closed: {message}"))
+
+    def abort(self) -> None:
+        """Drop the connection at once, without a goodbye (also cuts short a close already under way)."""
+        if self.error is None:
+            self._fail(
+                ConnectionClosedError(f"connection to {self.remote_peer or 'peer'} aborted"), abort=True
+            )
+        elif self._transport is not None:
+            self._transport.abort()
+
+    def _fail(self, exc: Exception, *, goaway: int | None = None, abort: bool = False) -> None:
+        if self.error is not None:
+            return
+        self.error = exc
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        if goaway is not None and self._running and not self._goaway_sent and not abort:
+            self._goaway_sent = True
+            self._out.append(fr.encode_goaway(goaway, _reason(str(exc))))
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            if self._flush_handle is not None:
+                self._flush_handle.cancel()
+            if not abort and isinstance(exc, (ConnectionClosedError, ProtocolError)):
+                self._syn_queue.clear()
+                self._flush()  # last words (GOAWAY, pending frames) before the close
+                transport.close()
+            else:
+                transport.abort()
+        elif self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._flush_handle = None
+        self._out = []
+        closed = (
+            exc
+            if isinstance(exc, ConnectionClosedError)
+            else ConnectionClosedError(f"connection closed: {exc}")
+        )
+        streams = list(self._streams.values())
+        self._streams.clear()
+        self._syn_queue.clear()
+        for stream in streams:
+            stream._on_closed(closed)
+        for waiter in [self._hs_waiter, *self._drain_waiters]:
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters = []
+        if self.on_close is not None:
+            self.on_close(self)

@@ -1,0 +1,330 @@
+"""One multiplexed stream: buffered reads, credit-limited writes, half-close and reset.
+
+A MuxStream does no I/O itself. It hands frames to its link (a MuxConnection, or the in-memory link of
+memory.py) and the link feeds it what the peer sent, so both transports share exactly these semantics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Protocol
+
+from opentela._types import PeerId, ProtocolName
+from opentela.errors import ConnectionClosedError, FabricError, StreamResetError
+from opentela.fabric._frames import INITIAL_WINDOW, MAX_WINDOW, ErrorCode
+
+
+class StreamLink(Protocol):
+    """What a stream needs from the connection that carries it."""
+
+    max_frame: int
+    write_paused: bool
+
+    def _send_data(self, stream: MuxStream, data: bytes | memoryview, fin: bool) -> None: ...
+
+    def _send_window_update(self, stream: MuxStream, delta: int) -> None: ...
+
+    def _send_reset(self, stream: MuxStream, code: int, message: str) -> None: ...
+
+    def _release(self, stream: MuxStream) -> None: ...
+
+    async def wait_writable(self) -> None: ...
+
+
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
+class MuxStream:
+    """A flow-controlled byte stream; satisfies `opentela._types.Stream`.
+
+    `read()` returns what is buffered (waiting for at least one byte), b"" once the peer half-closed.
+    `write()` returns once the data is queued, waiting for credit when the peer's window is used up.
+    `aclose()` half-closes our side and, if the peer is still sending, resets the stream (code CANCEL) since
+    nobody will read the rest. A reset received after the peer's FIN leaves what it sent readable.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_buffered",
+        "_chunks",
+        "_id",
+        "_link",
+        "_local_eof",
+        "_peer",
+        "_protocol",
+        "_read_exc",
+        "_read_waiter",
+        "_recv_window",
+        "_released",
+        "_remote_eof",
+        "_send_window",
+        "_syn_pending",
+        "_tail",
+        "_tail_gen",
+        "_unacked",
+        "_window",
+        "_write_exc",
+        "_write_waiter",
+    )
+
+    def __init__(
+        self, link: StreamLink, stream_id: int, protocol: ProtocolName, remote_peer: PeerId, window: int
+    ) -> None:
+        self._link = link
+        self._id = stream_id
+        self._protocol = protocol
+        self._peer = remote_peer
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._remote_eof = False
+        self._local_eof = False
+        self._released = False
+        self._read_exc: FabricError | None = None
+        self._write_exc: FabricError | None = None
+        self._read_waiter: asyncio.Future[None] | None = None
+        self._write_waiter: asyncio.Future[None] | None = None
+        self._send_window = INITIAL_WINDOW
+        self._recv_window = INITIAL_WINDOW  # credit the peer still has; the link grants `window` at open
+        self._window = window
+        self._unacked = 0  # bytes read but not yet credited back to the peer
+        # Used by MuxConnection only: the SYN prefix not yet sent, and the last DATA frame still in the
+        # connection's output buffer (write_eof sets FIN on it instead of sending an empty frame).
+        self._syn_pending: bytes | None = None
+        self._tail: bytearray | None = None
+        self._tail_gen = -1
+
+    @property
+    def protocol(self) -> ProtocolName:
+        """The protocol named in the stream's opening frame."""
+        return self._protocol
+
+    @property
+    def remote_peer(self) -> PeerId:
+        """The peer at the other end."""
+        return self._peer
+
+    @property
+    def stream_id(self) -> int:
+        """The id on its connection (odd: opened by the dialer, even: by the listener)."""
+        return self._id
+
+    @property
+    def closed(self) -> bool:
+        """True once both directions finished or the stream was reset."""
+        return self._released
+
+    def __repr__(self) -> str:
+        if self._read_exc is not None or self._write_exc is not None:
+            state = "reset"
+        elif self._released:
+            state = "closed"
+        elif self._local_eof or self._remote_eof:
+            state = "half-closed(" + ("local" if self._local_eof else "remote") + ")"
+        else:
+            state = "open"
+        return (
+            f"<MuxStream {self._id} {self._protocol} peer={self._peer[-8:]} {state} "
+            f"buffered={self._buffered} send_window={self._send_window}>"
+        )
+
+    # --- reading ------------------------------------------------------------------------------------------
+    async def _wait(self, reading: bool) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        if reading:
+            if self._read_waiter is not None:
+                raise RuntimeError(f"{self!r} is already being read by another task")
+            self._read_waiter = waiter
+        else:
+            if self._write_waiter is not None:
+                raise RuntimeError(f"{self!r} is already being written by another task")
+            self._write_waiter = waiter
+        try:
+            await waiter
+        finally:
+            if reading:
+                self._read_waiter = None
+            else:
+                self._write_waiter = None
+
+    def _take(self, n: int) -> bytes:
+        chunks = self._chunks
+        if n >= self._buffered:
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+        else:
+            parts = []
+            need = n
+            while need:
+                chunk = chunks[0]
+                if len(chunk) <= need:
+                    parts.append(chunks.popleft())
+                    need -= len(chunk)
+                else:
+                    parts.append(chunk[:need])
+                    chunks[0] = chunk[need:]
+                    need = 0
+            data = b"".join(parts)
+        self._buffered -= len(data)
+        self._consumed(len(data))
+        return data
+
+    def _consumed(self, n: int) -> None:
+        self._unacked += n
+        # Credit back in batches of half a window: one WINDOW_UPDATE per 128 KiB read, not one per read.
+        if self._unacked >= self._window >> 1 and not self._remote_eof and not self._released:
+            self._grant(0)
+
+    def _grant(self, extra: int) -> None:
+        delta = self._unacked + extra
+        self._unacked = 0
+        if delta > 0:
+            self._recv_window += delta
+            self._link._send_window_update(self, delta)
+
+    async def read(self, max_bytes: int = -1) -> bytes:
+        """Up to `max_bytes` (all that is buffered when -1); waits for data; b"" at end of stream."""
+        while not self._chunks:
+            if self._read_exc is not None:
+                raise self._read_exc
+            if self._remote_eof or max_bytes == 0:
+                return b""
+            await self._wait(True)
+        if self._read_exc is not None:
+            raise self._read_exc
+        return self._take(self._buffered if max_bytes < 0 else max_bytes)
+
+    async def readexactly(self, n: int) -> bytes:
+        """Exactly `n` bytes; asyncio.IncompleteReadError if the stream ends first."""
+        if n < 0:
+            raise ValueError("readexactly size can not be less than zero")
+        while self._buffered < n:
+            if self._read_exc is not None:
+                raise self._read_exc
+            if self._remote_eof:
+                partial = self._take(self._buffered) if self._buffered else b""
+                raise asyncio.IncompleteReadError(partial, n)
+            # Asked for more than the peer may send unread: widen its credit by the shortfall, so a large
+            # readexactly cannot deadlock against flow control (the caller asked to hold n bytes anyway).
+            shortfall = n - self._buffered - self._recv_window
+            if shortfall > 0 and not self._released:
+                self._grant(shortfall)
+            await self._wait(True)
+        if self._read_exc is not None:
+            raise self._read_exc
+        return self._take(n) if n else b""
+
+    # --- writing ------------------------------------------------------------------------------------------
+    async def write(self, data: bytes) -> None:
+        """Queue `data`, waiting for the peer's credit; StreamResetError/ConnectionClosedError if aborted."""
+        if self._write_exc is not None:
+            raise self._write_exc
+        if self._local_eof:
+            raise RuntimeError(f"write after write_eof on {self!r}")
+        if type(data) is not bytes:
+            data = bytes(data)  # the link may hold on to it until the next flush; it must not change
+        n = len(data)
+        link = self._link
+        if n <= self._send_window and n <= link.max_frame:
+            if n:
+                self._send_window -= n
+                link._send_data(self, data, False)
+        else:
+            view = memoryview(data)
+            pos = 0
+            while pos < n:
+                if self._write_exc is not None:
+                    raise self._write_exc
+                if self._send_window <= 0:
+                    await self._wait(False)
+                    continue
+                k = min(n - pos, self._send_window, link.max_frame)
+                self._send_window -= k
+                link._send_data(self, view[pos : pos + k], False)
+                pos += k
+                if link.write_paused:
+                    await link.wait_writable()
+        if link.write_paused:
+            await link.wait_writable()
+
+    async def write_eof(self) -> None:
+        """Half-close: the peer reads b"" after what we wrote; we may still read."""
+        if self._local_eof or (self._released and self._write_exc is None):
+            return
+        if self._write_exc is not None:
+            raise self._write_exc
+        self._local_eof = True
+        self._link._send_data(self, b"", True)
+        if self._remote_eof:
+            self._release()
+
+    def reset(self, code: int = 0, message: str = "") -> None:
+        """Abort both directions now; pending and later reads and writes on both ends raise."""
+        if self._released:
+            return
+        exc = StreamResetError(message or "stream reset", reset_code=code)
+        self._abort(exc, exc)
+        self._link._send_reset(self, code, message)
+        self._release()
+
+    async def aclose(self) -> None:
+        """Finish with the stream: half-close, and reset it if the peer has not finished sending."""
+        if self._released:
+            return
+        if not self._local_eof and self._write_exc is None:
+            self._local_eof = True
+            self._link._send_data(self, b"", True)
+        if self._remote_eof:
+            self._release()
+        else:
+            self.reset(ErrorCode.CANCEL, "stream closed before the end of its data")
+
+    # --- events from the link -----------------------------------------------------------------------------
+    def _abort(self, read_exc: FabricError | None, write_exc: FabricError) -> None:
+        self._write_exc = write_exc
+        if read_exc is not None:
+            self._read_exc = read_exc
+            self._chunks.clear()
+            self._buffered = 0
+        _wake(self._read_waiter)
+        _wake(self._write_waiter)
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._link._release(self)
+
+    def _on_data(self, data: bytes, fin: bool) -> bool:
+        """Bytes from the peer; False if they exceed the credit we gave (a flow-control violation)."""
+        n = len(data)
+        if n:
+            if n > self._recv_window:
+                return False
+            self._recv_window -= n
+            self._chunks.append(data)
+            self._buffered += n
+        if fin:
+            self._remote_eof = True
+        _wake(self._read_waiter)
+        if fin and self._local_eof:
+            self._release()
+        return True
+
+    def _on_window_update(self, delta: int) -> bool:
+        """Credit from the peer; False if it overflows the window."""
+        self._send_window += delta
+        _wake(self._write_waiter)
+        return self._send_window <= MAX_WINDOW
+
+    def _on_reset(self, code: int, message: str) -> None:
+        exc = StreamResetError(f"stream reset by peer (code {code}): {message}", reset_code=code)
+        # If the peer had already finished sending, everything it sent arrived: keep it readable.
+        self._abort(None if self._remote_eof else exc, exc)
+        self._release()
+
+    def _on_closed(self, exc: ConnectionClosedError) -> None:
+        """The connection went away; the link has already forgotten this stream."""
+        self._released = True
+        self._abort(None if self._remote_eof else exc, exc)

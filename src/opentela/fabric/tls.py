@@ -1,0 +1,99 @@
+"""TLS 1.3 for the fabric: a self-signed certificate for the node's Ed25519 key and the two SSL contexts."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+import ssl
+import tempfile
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.x509.oid import NameOID
+
+from opentela._types import PeerId
+from opentela.errors import HandshakeError
+from opentela.fabric.identity import Identity, peer_id_from_public_key
+
+ALPN = "otela/1"
+
+
+def make_certificate(identity: Identity) -> bytes:
+    """A self-signed X.509 certificate (DER) for the identity's Ed25519 key, subject CN = peer id."""
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, identity.peer_id)])
+    now = datetime.datetime.now(datetime.UTC)
+    # Nobody checks the validity period (peers verify the key, not a chain), but a wide one keeps strict
+    # tools quiet and survives clock skew between nodes.
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(identity.private_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=3650))
+        .sign(identity.private_key, None)
+    )
+    return cert.public_bytes(serialization.Encoding.DER)
+
+
+def peer_id_from_certificate(der: bytes | None) -> PeerId:
+    """The peer id of the Ed25519 key in a DER certificate; HandshakeError if there is none."""
+    if not der:
+        raise HandshakeError("the peer presented no certificate")
+    try:
+        key = x509.load_der_x509_certificate(der).public_key()
+    except ValueError as exc:
+        raise HandshakeError(f"the peer's certificate cannot be parsed: {exc}") from exc
+    if not isinstance(key, Ed25519PublicKey):
+        raise HandshakeError("the peer's certificate key is not Ed25519")
+    return peer_id_from_public_key(
+        key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    )
+
+
+def fingerprint(der: bytes) -> bytes:
+    """SHA-256 of a certificate's DER encoding: what the client's identity proof is bound to."""
+    return hashlib.sha256(der).digest()
+
+
+@dataclass(frozen=True)
+class TlsMaterial:
+    """Everything one node needs for TLS: its certificate and the contexts for both roles."""
+
+    certificate: bytes
+    server_context: ssl.SSLContext
+    client_context: ssl.SSLContext
+
+    @classmethod
+    def create(cls, identity: Identity) -> TlsMaterial:
+        """Build the certificate and contexts (writes the key to a private temporary file for a moment)."""
+        der = make_certificate(identity)
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.minimum_version = ssl.TLSVersion.TLSv1_3
+        # The ssl module cannot accept an arbitrary self-signed client certificate, so the server does not ask
+        # for one; the client proves its identity inside the channel instead (see handshake.py).
+        server.verify_mode = ssl.CERT_NONE
+        server.set_alpn_protocols([ALPN])
+        server.num_tickets = 0  # connections are long-lived; session tickets would be bytes for nothing
+        pem_cert = ssl.DER_cert_to_PEM_cert(der).encode()
+        pem_key = identity.private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        # load_cert_chain only reads files; keep them in a 0700 directory for as long as the call takes.
+        with tempfile.TemporaryDirectory(prefix="otela-tls-") as tmp:
+            path = os.path.join(tmp, "node.pem")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(pem_key + pem_cert)
+            server.load_cert_chain(path)
+        client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client.minimum_version = ssl.TLSVersion.TLSv1_3
+        # No chain to verify: after the handshake the client checks the certificate's key against the peer id.
+        client.check_hostname = False
+        client.verify_mode = ssl.CERT_NONE
+        client.set_alpn_protocols([ALPN])
+        return cls(der, server, client)
