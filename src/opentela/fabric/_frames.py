@@ -273,7 +273,7 @@ class FrameDecoder:
                     break
                 payload = data[start : start + length]
                 pos = start + length
-                if ftype == DATA and not flags & (SYN | RST):
+                if ftype == DATA and not flags & (SYN | RST | ACK):
                     # The hot path (plain stream bytes), checked inline.
                     if stream_id == 0:
                         raise ProtocolError("DATA frame on stream 0")
