@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import ssl
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -33,7 +32,6 @@ Handler = Callable[[Stream], Awaitable[None]]
 _Target = tuple[str, int, PeerId | None]
 
 _STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
-_SSL_SHUTDOWN_TIMEOUT = 2.0
 _CLOSE_TIMEOUT = 2.0
 
 
@@ -71,14 +69,9 @@ class Host:
         tls = await asyncio.to_thread(TlsMaterial.create, identity)
         host = cls(identity, config, tls)
         bind_host, port, _ = parse_addr(listen)
+        # Plain TCP: each MuxConnection runs TLS itself (see tls.TlsSession for why).
         host._server = await host._loop.create_server(
-            host._inbound_protocol,
-            bind_host or None,
-            port,
-            ssl=tls.server_context,
-            ssl_handshake_timeout=config.handshake_timeout,
-            ssl_shutdown_timeout=_SSL_SHUTDOWN_TIMEOUT,
-            reuse_address=True,
+            host._inbound_protocol, bind_host or None, port, reuse_address=True
         )
         host.listen_addrs = [format_addr(*sock.getsockname()[:2]) for sock in host._server.sockets]
         logger.info("fabric listening", extra={"peer_id": host.peer_id, "addrs": ",".join(host.listen_addrs)})
@@ -258,24 +251,27 @@ class Host:
     def _new_conn(self, initiator: bool) -> MuxConnection:
         return MuxConnection(
             self.config,
+            self._tls.client_context if initiator else self._tls.server_context,
             initiator=initiator,
             on_stream=self._on_stream,
             on_goaway=self._on_goaway,
             on_close=self._on_close,
-            on_made=self._live.add,
+            on_made=self._on_made,
         )
 
-    def _inbound_protocol(self) -> MuxConnection:
-        conn = self._new_conn(initiator=False)
-        conn.on_made = self._on_inbound_made
-        return conn
-
-    def _on_inbound_made(self, conn: MuxConnection) -> None:
+    def _on_made(self, conn: MuxConnection) -> None:
         self._live.add(conn)
         if self._closed:
             conn.abort()
-            return
-        self._spawn(self._accept(conn), "otela-fabric-accept")
+
+    def _inbound_protocol(self) -> MuxConnection:
+        conn = self._new_conn(initiator=False)
+        conn.on_secure = self._on_inbound_secure
+        return conn
+
+    def _on_inbound_secure(self, conn: MuxConnection) -> None:
+        if not self._closed:
+            self._spawn(self._accept(conn), "otela-fabric-accept")
 
     async def _accept(self, conn: MuxConnection) -> None:
         try:
@@ -359,8 +355,7 @@ class Host:
         raise PeerUnreachableError(f"cannot reach {who} at {where}: {reasons}", peer_id=expected)
 
     async def _finish_dial(self, conn: MuxConnection, expected: PeerId | None, deadline: float) -> PeerId:
-        ssl_object = conn.get_extra_info("ssl_object")
-        certificate = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        certificate = conn.get_extra_info("ssl_object").getpeercert(binary_form=True)
         peer_id = check_server_certificate(certificate, expected, self.peer_id)
         existing = self._conns.get(peer_id)
         if existing is not None and existing.usable:
@@ -423,19 +418,18 @@ class Host:
         conn = self._new_conn(initiator=True)
         where = format_addr(host, port)
         try:
-            await self._loop.create_connection(
-                lambda: conn,
-                host,
-                port,
-                ssl=self._tls.client_context,
-                server_hostname="",
-                ssl_handshake_timeout=self.config.handshake_timeout,
-                ssl_shutdown_timeout=_SSL_SHUTDOWN_TIMEOUT,
-            )
-        except ssl.SSLError as exc:
-            raise HandshakeError(f"TLS handshake with {where} failed: {exc}") from exc
+            await self._loop.create_connection(lambda: conn, host, port)
         except OSError as exc:
             raise PeerUnreachableError(f"{where}: {exc.strerror or exc}") from exc
+        try:
+            await conn.secure
+        except BaseException:
+            conn.abort()
+            raise
+        if conn.error is not None:
+            if isinstance(conn.error, HandshakeError):
+                raise HandshakeError(f"TLS with {where} failed: {conn.error}") from conn.error
+            raise PeerUnreachableError(f"{where} closed the connection during TLS: {conn.error}")
         return conn
 
     # --- connection bookkeeping -----------------------------------------------------------------------------

@@ -33,6 +33,9 @@ class _MemoryLink:
     def _release(self, stream: MuxStream) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
     async def wait_writable(self) -> None:
         return None
 

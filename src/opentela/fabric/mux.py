@@ -1,14 +1,16 @@
-"""One authenticated peer connection carrying many multiplexed streams (an asyncio.Protocol).
+"""One authenticated peer connection carrying many multiplexed streams (an asyncio.Protocol over TCP).
 
-The connection first runs the identity handshake over raw bytes (`recv_exactly`/`send`), then `start()` switches
-it to frames. Outgoing frames are queued and written together once per event-loop pass: a request's SYN, data
-and FIN leave in one TLS record and one syscall, without any timer.
+The connection runs TLS itself (tls.TlsSession, on memory buffers: half the cost of asyncio's SSL transport),
+then the identity handshake over the decrypted bytes (`recv_exactly`/`send`), then `start()` switches it to
+frames. Outgoing frames are queued and written together once per event-loop pass: a request's SYN, data and FIN
+leave in one TLS record and one syscall, without any timer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +20,7 @@ from opentela.errors import ConnectionClosedError, HandshakeError, ProtocolError
 from opentela.fabric import _frames as fr
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.stream import MuxStream
+from opentela.fabric.tls import TlsSession
 
 logger = logging.getLogger(__name__)
 
@@ -32,17 +35,23 @@ def _reason(message: str) -> str:
 
 
 class MuxConnection(asyncio.Protocol):
-    """A TLS connection to one peer, multiplexing MuxStreams; see docs/protocol.md for the rules."""
+    """A TLS connection to one peer, multiplexing MuxStreams; see docs/protocol.md for the rules.
+
+    Callbacks: `on_made` when the TCP connection is up, `on_secure` when TLS is, `on_stream` for each inbound
+    stream, `on_goaway` when the peer says goodbye, `on_close` once when the connection ends.
+    """
 
     def __init__(
         self,
         config: FabricConfig,
+        tls_context: ssl.SSLContext,
         *,
         initiator: bool,
         on_stream: Callable[[MuxStream], None] | None = None,
         on_goaway: Callable[[MuxConnection, int, str], None] | None = None,
         on_close: Callable[[MuxConnection], None] | None = None,
         on_made: Callable[[MuxConnection], None] | None = None,
+        on_secure: Callable[[MuxConnection], None] | None = None,
     ) -> None:
         self.config = config
         self.initiator = initiator
@@ -53,7 +62,12 @@ class MuxConnection(asyncio.Protocol):
         self.on_goaway = on_goaway
         self.on_close = on_close
         self.on_made = on_made
+        self.on_secure = on_secure
         self._loop = asyncio.get_running_loop()
+        self._tls = TlsSession(tls_context, server_side=not initiator)
+        self.secure: asyncio.Future[None] = self._loop.create_future()
+        """Done when TLS is up or the connection failed before (check `error`)."""
+        self._deadline: asyncio.TimerHandle | None = None
         self._transport: asyncio.Transport | None = None
         self._decoder = fr.FrameDecoder()
         self._streams: dict[int, MuxStream] = {}
@@ -102,18 +116,52 @@ class MuxConnection(asyncio.Protocol):
         return len(self._streams)
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
-        """Transport details ("ssl_object", "peername", ...)."""
+        """Transport details: "ssl_object" (the TLS session), "peername", "sockname", ..."""
+        if name == "ssl_object":
+            return self._tls.ssl_object if self._tls.handshake_done else default
         return self._transport.get_extra_info(name, default) if self._transport is not None else default
 
     # --- asyncio.Protocol -----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """The transport is up (TLS handshake done)."""
-        self._transport = transport  # type: ignore[assignment]  # uvloop's SSL transport is not a subclass
+        """TCP is up: start TLS, and give TLS plus the identity handshake a deadline."""
+        self._transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        self._deadline = self._loop.call_later(self.config.handshake_timeout, self._handshake_expired)
         if self.on_made is not None:
             self.on_made(self)
+        try:
+            hello = self._tls.start()
+        except ssl.SSLError as exc:
+            self._fail(HandshakeError(f"TLS failed to start: {exc}"), abort=True)
+            return
+        if hello:
+            transport.write(hello)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
-        """Decode and dispatch frames; a malformed one ends the connection."""
+        """Decrypt, then decode and dispatch frames; a malformed record or frame ends the connection."""
+        if self.error is not None:
+            return
+        tls = self._tls
+        try:
+            data = tls.receive(data)
+        except ssl.SSLError as exc:
+            if tls.handshake_done:
+                self._fail(ProtocolError(f"TLS record error: {exc}"), abort=True)
+            else:
+                self._fail(HandshakeError(f"TLS handshake failed: {exc}"), abort=True)
+            return
+        out = tls.outgoing()
+        if out:
+            self._transport.write(out)  # type: ignore[union-attr]  # handshake flights, post-handshake replies
+        if not self.secure.done() and tls.handshake_done:
+            self.secure.set_result(None)
+            if self.on_secure is not None:
+                self.on_secure(self)
+        if data:
+            self._plain_received(data)
+        if tls.eof:
+            self._fail(ConnectionClosedError(f"{self.remote_peer or 'peer'} closed the connection"))
+
+    def _plain_received(self, data: bytes) -> None:
         if not self._running:
             self._hs_buf += data
             if self._hs_waiter is not None and not self._hs_waiter.done():
@@ -132,6 +180,13 @@ class MuxConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         """The peer closed its side; we close ours (streams fail in connection_lost)."""
         return None
+
+    def _handshake_expired(self) -> None:
+        self._deadline = None
+        if not self._running:
+            self._fail(
+                HandshakeError(f"handshake not done within {self.config.handshake_timeout}s"), abort=True
+            )
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The transport is gone: fail every stream."""
@@ -176,20 +231,24 @@ class MuxConnection(asyncio.Protocol):
         return data
 
     def send(self, data: bytes) -> None:
-        """Handshake only: raw bytes to the peer."""
+        """Handshake only: bytes to the peer outside any frame (encrypted, sent at once)."""
         if self._transport is None or self.error is not None:
             raise HandshakeError("connection closed during the handshake")
-        self._transport.write(data)
+        self._tls.encrypt(data)
+        self._transport.write(self._tls.outgoing())
 
     def start(self, remote_peer: PeerId) -> None:
         """The handshake succeeded: switch to frames (processing anything that already arrived)."""
         self.remote_peer = remote_peer
         self._running = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self._last_recv = self._loop.time()
         self._keepalive = self._loop.call_later(self.config.keepalive_interval, self._keepalive_tick)
         pending, self._hs_buf = bytes(self._hs_buf), bytearray()
         if pending:
-            self.data_received(pending)
+            self._plain_received(pending)
 
     # --- opening streams ------------------------------------------------------------------------------------
     def open_stream(self, protocol: ProtocolName) -> MuxStream:
@@ -216,6 +275,16 @@ class MuxConnection(asyncio.Protocol):
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write out queued frames now rather than at the end of this loop pass.
+
+        Streams call it when their task is about to wait (a read with nothing buffered) or has finished
+        writing (write_eof): nothing more is coming from them this pass, so waiting would only add latency.
+        """
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush()
+
     def _flush(self) -> None:
         self._flush_handle = None
         while self._syn_queue:
@@ -230,12 +299,15 @@ class MuxConnection(asyncio.Protocol):
         transport = self._transport
         if transport is None or transport.is_closing():
             return
+        tls = self._tls
         if len(out) == 1:
-            transport.write(out[0])
+            tls.encrypt(out[0])
         elif sum(map(len, out)) <= _JOIN_LIMIT:
-            transport.write(b"".join(out))
+            tls.encrypt(b"".join(out))  # one TLS record for many small frames
         else:
-            transport.writelines(out)
+            for chunk in out:
+                tls.encrypt(chunk)
+        transport.write(tls.outgoing())
 
     def _emit_syn(self, stream: MuxStream, data: bytes | memoryview = b"", flags: int = 0) -> None:
         """Emit the SYN of `stream`, after those of streams opened before it (ids must arrive in order)."""
@@ -449,9 +521,10 @@ class MuxConnection(asyncio.Protocol):
         if self.error is not None:
             return
         self.error = exc
-        if self._keepalive is not None:
-            self._keepalive.cancel()
-            self._keepalive = None
+        for timer in (self._keepalive, self._deadline):
+            if timer is not None:
+                timer.cancel()
+        self._keepalive = self._deadline = None
         if goaway is not None and self._running and not self._goaway_sent and not abort:
             self._goaway_sent = True
             self._out.append(fr.encode_goaway(goaway, _reason(str(exc))))
@@ -462,6 +535,9 @@ class MuxConnection(asyncio.Protocol):
             if not abort and isinstance(exc, (ConnectionClosedError, ProtocolError)):
                 self._syn_queue.clear()
                 self._flush()  # last words (GOAWAY, pending frames) before the close
+                goodbye = self._tls.close_notify()
+                if goodbye:
+                    transport.write(goodbye)
                 transport.close()
             else:
                 transport.abort()
@@ -479,6 +555,8 @@ class MuxConnection(asyncio.Protocol):
         self._syn_queue.clear()
         for stream in streams:
             stream._on_closed(closed)
+        if not self.secure.done():
+            self.secure.set_result(None)
         for waiter in [self._hs_waiter, *self._drain_waiters]:
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)

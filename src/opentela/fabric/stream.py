@@ -29,6 +29,8 @@ class StreamLink(Protocol):
 
     def _release(self, stream: MuxStream) -> None: ...
 
+    def flush(self) -> None: ...
+
     async def wait_writable(self) -> None: ...
 
 
@@ -133,6 +135,7 @@ class MuxStream:
     # --- reading ------------------------------------------------------------------------------------------
     async def _wait(self, reading: bool) -> None:
         waiter = asyncio.get_running_loop().create_future()
+        self._link.flush()  # this task is about to sleep: send what it wrote now
         if reading:
             if self._read_waiter is not None:
                 raise RuntimeError(f"{self!r} is already being read by another task")
@@ -257,6 +260,7 @@ class MuxStream:
             raise self._write_exc
         self._local_eof = True
         self._link._send_data(self, b"", True)
+        self._link.flush()  # nothing more follows on this stream: do not wait for the end of the loop pass
         if self._remote_eof:
             self._release()
 

@@ -94,7 +94,7 @@ async def test_garbled_frames_close_only_that_connection(make_host: HostFactory)
     await victim.write(b"x")
     assert await victim.read() == b"x"
     # Bytes that are not a frame, injected under the TLS layer of a valid connection.
-    evil.connection(server.peer_id)._transport.write(b"\x07garbage-garbage-garbage")
+    evil.connection(server.peer_id).send(b"\x07garbage-garbage-garbage")
     with pytest.raises(ConnectionClosedError):
         await asyncio.wait_for(victim.read(), 2)
     await wait_until(lambda: gone == [evil.peer_id])
