@@ -1,0 +1,273 @@
+"""Replication over /otela/gossip/1: push each change to a few peers at once, and repair the rest by anti-entropy.
+
+Anti-entropy exchange (initiator I, responder R), one stream:
+  I -> R  {"t": "sum", "h": hash of I's digest}
+  R -> I  {"t": "same"}                                     (done: nothing differs; the idle case)
+       or {"t": "digest", "d": R's digest}
+  I -> R  {"t": "want", "k": keys I wants} then {"t": "recs", "r": [...]}* then {"t": "end"}   (what R lacks)
+  R -> I  {"t": "recs", "r": [...]}* then {"t": "end"}                                         (what I wants)
+Push: I -> R {"t": "push", "r": [...]}*, then half-close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import msgpack
+
+from opentela._types import PROTO_GOSSIP, Lifecycle, PeerId, Stream
+from opentela.errors import OpenTelaError, ProtocolError
+from opentela.fabric.host import Host
+from opentela.fabric.messages import encode_msg, read_msg
+from opentela.registry._config import RegistryConfig
+from opentela.registry.crdt import Digest
+from opentela.registry.membership import Membership
+from opentela.registry.record import NodeRecord
+from opentela.registry.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+def digest_hash(digest: Digest) -> bytes:
+    """A short, order-independent fingerprint of a digest."""
+    packed = msgpack.packb(sorted((k, list(v)) for k, v in digest.items()), use_bin_type=True)
+    return hashlib.blake2b(packed, digest_size=16).digest()
+
+
+class Gossip:
+    """The replication driver of one node."""
+
+    def __init__(
+        self, host: Host, registry: Registry, membership: Membership, *, config: RegistryConfig | None = None
+    ) -> None:
+        self.host = host
+        self.registry = registry
+        self.membership = membership
+        self.config = config or RegistryConfig()
+        self._rng = random.Random()
+        self._pending: dict[str, NodeRecord] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.counters: dict[str, int] = {
+            "bytes_out": 0,
+            "bytes_in": 0,
+            "pushes_sent": 0,
+            "pushes_received": 0,
+            "rounds": 0,
+            "rounds_same": 0,
+            "errors": 0,
+        }
+
+    def __repr__(self) -> str:
+        return f"<Gossip pending={len(self._pending)} rounds={self.counters['rounds']}>"
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Serve the protocol and start pushing and anti-entropy."""
+        self.host.set_handler(PROTO_GOSSIP, self.rpc_gossip)
+        self.registry.on_change(self._on_change)
+        self.host.on_peer_connected(self._on_connect)
+        self._spawn(self._push_loop(), "gossip-push")
+        self._spawn(self._anti_entropy_loop(), "gossip-anti-entropy")
+
+    async def aclose(self) -> None:
+        """Stop all gossip tasks."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=f"otela-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def stats(self) -> dict[str, Any]:
+        """Traffic and round counters."""
+        return dict(self.counters)
+
+    # --- peers --------------------------------------------------------------------------------------------
+    def live_peers(self) -> dict[PeerId, tuple[str, ...]]:
+        """Peers to gossip with and their addresses: live records of others, plus connected peers."""
+        me = self.host.peer_id
+        peers: dict[PeerId, tuple[str, ...]] = {}
+        for record in self.registry.records():
+            if record.peer_id == me or record.lifecycle > Lifecycle.SERVING:
+                continue
+            if not self.membership.is_suspected(record.peer_id):
+                peers[record.peer_id] = record.addrs
+        for peer in self.host.connected_peers():
+            peers.setdefault(peer, ())
+        return peers
+
+    async def _open(self, peer: PeerId, addrs: Iterable[str]) -> Stream:
+        return await self.host.open_stream(
+            peer, PROTO_GOSSIP, addrs=tuple(addrs), timeout=self.config.gossip_timeout
+        )
+
+    # --- push ---------------------------------------------------------------------------------------------
+    def _on_change(self, record: NodeRecord, local: bool) -> None:
+        self._pending[record.session_id] = record
+        self._wake.set()
+
+    def _on_connect(self, peer: PeerId) -> None:
+        # A new neighbour gets the full picture in one exchange, instead of waiting for the next round.
+        self._spawn(self._anti_entropy_with(peer, ()), "gossip-hello")
+
+    async def _push_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = list(self._pending.values()), {}
+            peers = self.live_peers()
+            if not batch or not peers:
+                continue
+            chosen = self._rng.sample(sorted(peers), min(self.config.fanout, len(peers)))
+            await asyncio.gather(*(self._push_to(p, peers[p], batch) for p in chosen))
+
+    async def _push_to(self, peer: PeerId, addrs: Iterable[str], records: list[NodeRecord]) -> bool:
+        try:
+            async with asyncio.timeout(self.config.gossip_timeout):
+                stream = await self._open(peer, addrs)
+                try:
+                    await self._send_records(stream, "push", records)
+                    await stream.write_eof()
+                finally:
+                    await stream.aclose()
+            self.counters["pushes_sent"] += 1
+            return True
+        except (OpenTelaError, TimeoutError, OSError) as exc:
+            self.counters["errors"] += 1
+            logger.debug("push to %s failed: %r", peer, exc)
+            return False
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        """Send our own record to every reachable peer now and wait (bounded): used before exiting."""
+        peers = self.live_peers()
+        if not peers:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(self._push_to(p, a, [self.registry.local]) for p, a in peers.items()))
+
+    # --- anti-entropy -------------------------------------------------------------------------------------
+    async def _anti_entropy_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.anti_entropy_interval * (0.5 + self._rng.random()))
+            peers = self.live_peers()
+            if peers:
+                peer = self._rng.choice(sorted(peers))
+                await self._anti_entropy_with(peer, peers[peer])
+
+    async def _anti_entropy_with(self, peer: PeerId, addrs: Iterable[str]) -> bool:
+        """One exchange with `peer`; True when it completed."""
+        try:
+            async with asyncio.timeout(self.config.gossip_timeout):
+                stream = await self._open(peer, addrs)
+                try:
+                    await self._initiate(stream)
+                finally:
+                    await stream.aclose()
+            self.counters["rounds"] += 1
+            return True
+        except (OpenTelaError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+            self.counters["errors"] += 1
+            logger.debug("anti-entropy with %s failed: %r", peer, exc)
+            return False
+
+    async def _initiate(self, stream: Stream) -> None:
+        await self._send(stream, {"t": "sum", "h": digest_hash(self.registry.digest())})
+        reply = await self._recv(stream)
+        if reply.get("t") == "same":
+            self.counters["rounds_same"] += 1
+            return
+        theirs = _parse_digest(reply)
+        await self._send(stream, {"t": "want", "k": self.registry.map.wanted_from(theirs)})
+        await self._send_records(stream, "recs", self.registry.map.newer_than(theirs))
+        await self._send(stream, {"t": "end"})
+        self.registry.apply_wire(await self._recv_records(stream))
+
+    async def rpc_gossip(self, stream: Stream) -> None:
+        """Serve one gossip stream (push or anti-entropy)."""
+        self.membership.confirm_alive(stream.remote_peer)
+        try:
+            first = await self._recv(stream)
+            kind = first.get("t")
+            if kind == "push":
+                self.counters["pushes_received"] += 1
+                self.registry.apply_wire(first.get("r", []))
+                with contextlib.suppress(asyncio.IncompleteReadError):
+                    while True:
+                        more = await self._recv(stream)
+                        self.registry.apply_wire(more.get("r", []))
+            elif kind == "sum":
+                ours = self.registry.digest()
+                if first.get("h") == digest_hash(ours):
+                    await self._send(stream, {"t": "same"})
+                    return
+                await self._send(stream, {"t": "digest", "d": {k: list(v) for k, v in ours.items()}})
+                want = await self._recv(stream)
+                keys = want.get("k", [])
+                if not isinstance(keys, list):
+                    raise ProtocolError("gossip want list is not a list")
+                self.registry.apply_wire(await self._recv_records(stream))
+                records = [r for k in keys if isinstance(k, str) and (r := self.registry.get(k)) is not None]
+                await self._send_records(stream, "recs", records)
+                await self._send(stream, {"t": "end"})
+            else:
+                raise ProtocolError(f"unknown gossip message {kind!r}")
+        except (OpenTelaError, asyncio.IncompleteReadError) as exc:
+            self.counters["errors"] += 1
+            logger.debug("gossip from %s failed: %r", stream.remote_peer, exc)
+            stream.reset(1, "gossip error")
+        finally:
+            await stream.aclose()
+
+    # --- messages -----------------------------------------------------------------------------------------
+    async def _send(self, stream: Stream, obj: dict[str, Any]) -> None:
+        data = encode_msg(obj, self.config.max_message_bytes)
+        self.counters["bytes_out"] += len(data)
+        await stream.write(data)
+
+    async def _recv(self, stream: Stream) -> dict[str, Any]:
+        msg = await read_msg(stream, self.config.max_message_bytes)
+        self.counters["bytes_in"] += len(msgpack.packb(msg, use_bin_type=True)) + 4
+        if not isinstance(msg, dict):
+            raise ProtocolError("gossip message is not a map")
+        return msg
+
+    async def _send_records(self, stream: Stream, kind: str, records: list[NodeRecord]) -> None:
+        step = self.config.max_records_per_message
+        for i in range(0, len(records), step):
+            await self._send(stream, {"t": kind, "r": [r.to_wire() for r in records[i : i + step]]})
+
+    async def _recv_records(self, stream: Stream) -> list[Any]:
+        out: list[Any] = []
+        while True:
+            msg = await self._recv(stream)
+            if msg.get("t") == "end":
+                return out
+            batch = msg.get("r")
+            if msg.get("t") != "recs" or not isinstance(batch, list):
+                raise ProtocolError("expected gossip records")
+            out.extend(batch)
+
+
+def _parse_digest(msg: dict[str, Any]) -> Digest:
+    raw = msg.get("d")
+    if msg.get("t") != "digest" or not isinstance(raw, dict):
+        raise ProtocolError("expected a gossip digest")
+    digest: Digest = {}
+    for key, rank in raw.items():
+        if not (isinstance(key, str) and isinstance(rank, list | tuple) and len(rank) == 2):
+            raise ProtocolError("malformed gossip digest entry")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rank):
+            raise ProtocolError("malformed gossip digest rank")
+        digest[key] = (rank[0], rank[1])
+    return digest

@@ -1,0 +1,238 @@
+"""A node's signed registry record: who it is, where to reach it, what it has, what it serves."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import msgpack
+
+from opentela._types import Lifecycle, PeerId, SessionId
+from opentela.fabric.identity import Identity, is_peer_id, verify_signature
+
+_DOMAIN = b"otela-record-v1\x00"
+MAX_TEXT = 512
+MAX_LIST = 64
+MAX_HARDWARE_BYTES = 16 * 1024
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(k): _freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """One served model: its id, the engine serving it and its non-default settings (quantization, context...)."""
+
+    id: str
+    engine: str = ""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "settings", _freeze(self.settings))
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain dict for msgpack/JSON."""
+        return {"id": self.id, "engine": self.engine, "settings": _thaw(self.settings)}
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """The value of one registry key; merge keeps the record with the greater (lifecycle, version)."""
+
+    session_id: SessionId
+    peer_id: PeerId
+    provider_id: str
+    lifecycle: Lifecycle
+    version: int
+    addrs: tuple[str, ...] = ()
+    relays: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    hardware: Mapping[str, Any] = field(default_factory=dict)
+    models: tuple[ModelEntry, ...] = ()
+    started_at: float = 0.0
+    updated_at: float = 0.0
+    signer: PeerId = ""
+    reason: str = ""
+    signature: bytes = b""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "lifecycle", Lifecycle(self.lifecycle))
+        object.__setattr__(self, "addrs", tuple(self.addrs))
+        object.__setattr__(self, "relays", tuple(self.relays))
+        object.__setattr__(self, "roles", tuple(self.roles))
+        object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "hardware", _freeze(self.hardware))
+
+    def __repr__(self) -> str:
+        return (
+            f"<NodeRecord {self.session_id[:8]} peer=…{self.peer_id[-6:]} {self.lifecycle.name} v{self.version}"
+            f" models={list(self.model_ids)}>"
+        )
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """Ids of the served models."""
+        return tuple(m.id for m in self.models)
+
+    @property
+    def rank(self) -> tuple[int, int]:
+        """What merge compares: (lifecycle, version)."""
+        return (int(self.lifecycle), self.version)
+
+    # --- wire form ----------------------------------------------------------------------------------------
+    def to_wire(self) -> dict[str, Any]:
+        """Plain dict (signature included), for msgpack and JSON."""
+        return {
+            "session_id": self.session_id,
+            "peer_id": self.peer_id,
+            "provider_id": self.provider_id,
+            "lifecycle": int(self.lifecycle),
+            "version": self.version,
+            "addrs": list(self.addrs),
+            "relays": list(self.relays),
+            "roles": list(self.roles),
+            "hardware": _thaw(self.hardware),
+            "models": [m.to_wire() for m in self.models],
+            "started_at": self.started_at,
+            "updated_at": self.updated_at,
+            "signer": self.signer,
+            "reason": self.reason,
+            "signature": self.signature,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready view for the read-only HTTP endpoints (lifecycle by name, no signature bytes)."""
+        out = self.to_wire()
+        out["lifecycle"] = self.lifecycle.name
+        out["signature"] = self.signature.hex()
+        return out
+
+    def signing_payload(self) -> bytes:
+        """Canonical bytes the signature covers: every field but the signature, map keys sorted."""
+        body = self.to_wire()
+        del body["signature"]
+        return _DOMAIN + _canonical(body)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> NodeRecord:
+        """Validate and build a record from untrusted input; ValueError on anything malformed."""
+        if not isinstance(obj, dict):
+            raise ValueError("a record must be a map")
+        try:
+            return _validated(obj)
+        except (KeyError, TypeError, OverflowError) as exc:
+            raise ValueError(f"malformed record: {exc!r}") from None
+
+    # --- signing ------------------------------------------------------------------------------------------
+    def signed(self, identity: Identity) -> NodeRecord:
+        """This record signed by `identity` (which becomes the signer)."""
+        unsigned = dataclasses.replace(self, signer=identity.peer_id, signature=b"")
+        return dataclasses.replace(unsigned, signature=identity.sign(unsigned.signing_payload()))
+
+    def verify(self) -> bool:
+        """True when the signature is valid and the signer may write this state.
+
+        Only the owner writes its record; the one exception is an eviction (LEFT), which another member may sign,
+        and must give a reason for.
+        """
+        if self.signer != self.peer_id and not (self.lifecycle is Lifecycle.LEFT and self.reason):
+            return False
+        return verify_signature(self.signer, self.signing_payload(), self.signature)
+
+    def next(self, identity: Identity, **changes: Any) -> NodeRecord:
+        """The owner's next version: apply `changes`, bump the version, stamp the time, sign."""
+        changes.setdefault("updated_at", time.time())
+        return dataclasses.replace(self, version=self.version + 1, **changes).signed(identity)
+
+
+def _canonical(obj: Any) -> bytes:
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: norm(v[k]) for k in sorted(v)}
+        if isinstance(v, list | tuple):
+            return [norm(x) for x in v]
+        return v
+
+    return msgpack.packb(norm(obj), use_bin_type=True)
+
+
+def _text(obj: dict[str, Any], key: str, *, peer: bool = False, empty_ok: bool = True) -> str:
+    value = obj[key]
+    if not isinstance(value, str) or len(value) > MAX_TEXT or (not empty_ok and not value):
+        raise ValueError(f"record field {key!r} must be a string of at most {MAX_TEXT} characters")
+    if peer and not is_peer_id(value):
+        raise ValueError(f"record field {key!r} is not a peer id")
+    return value
+
+
+def _texts(obj: dict[str, Any], key: str) -> tuple[str, ...]:
+    value = obj[key]
+    if not isinstance(value, list | tuple) or len(value) > MAX_LIST:
+        raise ValueError(f"record field {key!r} must be a list of at most {MAX_LIST} strings")
+    if not all(isinstance(v, str) and len(v) <= MAX_TEXT for v in value):
+        raise ValueError(f"record field {key!r} must hold strings")
+    return tuple(value)
+
+
+def _number(obj: dict[str, Any], key: str) -> float:
+    value = obj[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"record field {key!r} must be a number")
+    return float(value)
+
+
+def _validated(obj: dict[str, Any]) -> NodeRecord:
+    version = obj["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
+        raise ValueError("record version must be a non-negative integer")
+    lifecycle = obj["lifecycle"]
+    if isinstance(lifecycle, bool) or lifecycle not in {int(x) for x in Lifecycle}:
+        raise ValueError(f"unknown lifecycle {lifecycle!r}")
+    hardware = obj["hardware"]
+    if not isinstance(hardware, dict) or len(_canonical(hardware)) > MAX_HARDWARE_BYTES:
+        raise ValueError(f"record hardware must be a map of at most {MAX_HARDWARE_BYTES} bytes")
+    models_raw = obj["models"]
+    if not isinstance(models_raw, list | tuple) or len(models_raw) > MAX_LIST:
+        raise ValueError("record models must be a list")
+    models = []
+    for m in models_raw:
+        if not isinstance(m, dict) or not isinstance(m.get("settings", {}), dict):
+            raise ValueError("a model entry must be a map with a settings map")
+        models.append(ModelEntry(_text(m, "id", empty_ok=False), _text(m, "engine"), m.get("settings", {})))
+    signature = obj["signature"]
+    if not isinstance(signature, bytes) or len(signature) != 64:
+        raise ValueError("record signature must be 64 bytes")
+    return NodeRecord(
+        session_id=_text(obj, "session_id", empty_ok=False),
+        peer_id=_text(obj, "peer_id", peer=True),
+        provider_id=_text(obj, "provider_id"),
+        lifecycle=Lifecycle(lifecycle),
+        version=version,
+        addrs=_texts(obj, "addrs"),
+        relays=_texts(obj, "relays"),
+        roles=_texts(obj, "roles"),
+        hardware=hardware,
+        models=tuple(models),
+        started_at=_number(obj, "started_at"),
+        updated_at=_number(obj, "updated_at"),
+        signer=_text(obj, "signer", peer=True),
+        reason=_text(obj, "reason"),
+        signature=signature,
+    )
