@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 _SMALL = 16 * 1024  # payloads up to this are copied into one buffer with their header (and may take a FIN)
 _JOIN_LIMIT = 64 * 1024  # output up to this is joined into one write; above, writelines avoids the copy
 _MAX_REASON = 512
+_MAX_EARLY_DATA = 64 * 1024  # bytes a peer may send before the identity handshake is done
 
 
 def _reason(message: str) -> str:
@@ -164,6 +165,8 @@ class MuxConnection(asyncio.Protocol):
     def _plain_received(self, data: bytes) -> None:
         if not self._running:
             self._hs_buf += data
+            if len(self._hs_buf) > _MAX_EARLY_DATA:
+                self._fail(HandshakeError("peer sent too much before the handshake finished"), abort=True)
             if self._hs_waiter is not None and not self._hs_waiter.done():
                 self._hs_waiter.set_result(None)
             return
@@ -406,7 +409,8 @@ class MuxConnection(asyncio.Protocol):
                     wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR,
                 )
         elif ftype == fr.PING:
-            if not frame.flags & fr.ACK:
+            # A peer that pings but does not read our output gets no answers queued up without bound.
+            if not frame.flags & fr.ACK and not self.write_paused:
                 self._out.append(fr.encode_ping(frame.value, ack=True))
                 self._schedule_flush()
         else:
