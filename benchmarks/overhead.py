@@ -114,7 +114,7 @@ def header_bytes() -> dict:
         TunnelRequest("POST", "/v1/chat/completions", BODY, request_id, {"content-type": "application/json"})
     )
     response = encode_response_head(TunnelResponseHead(200, {"content-type": "application/json"}))
-    opening = _frames.opening_overhead("/otela/http/1")
+    opening = len(_frames.syn_prefix("/otela/http/1"))
     per_frame = _frames.HEADER_SIZE
     return {
         "request_bytes": len(tunnel) - len(BODY) + opening + per_frame,  # SYN frame + FIN frame

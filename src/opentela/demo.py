@@ -22,7 +22,12 @@ console = Console(stderr=True)
 
 
 async def _ask(http: aiohttp.ClientSession, api: str, prompt: str) -> tuple[str, dict[str, str]]:
-    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "max_tokens": 64}
+    body = {
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": 64,
+        "temperature": 0,
+    }
     async with http.post(f"{api}/chat/completions", json=body) as resp:
         payload = await resp.json()
         if resp.status != 200:

@@ -34,7 +34,7 @@ async def test_chat_completion_gets_a_real_answer(embedded_mesh: LocalMesh) -> N
     async with client(embedded_mesh) as sdk:
         raw = await sdk.chat.completions.with_raw_response.create(
             model=MODEL_ID,
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            messages=[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
             max_tokens=24,
             temperature=0,
         )

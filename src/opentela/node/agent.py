@@ -239,10 +239,11 @@ class NodeAgent:
     async def aclose(self) -> None:
         """Leave: write LEFT, tell peers, stop the engine, close the fabric."""
         self._stop.set()
+        # A node that went DOWN (its engine died) has said so; LEFT is for an orderly leave.
         if (
             self.registry is not None
             and self.gossip is not None
-            and self.registry.local.lifecycle < Lifecycle.LEFT
+            and self.registry.local.lifecycle < Lifecycle.DOWN
         ):
             with contextlib.suppress(OpenTelaError):
                 self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
