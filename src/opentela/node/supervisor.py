@@ -218,7 +218,7 @@ class EngineSupervisor:
         assert self._proc.returncode is not None
         return self._proc.returncode
 
-    async def stop(self, timeout: float = 10.0) -> int | None:  # noqa: ASYNC109
+    async def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the engine's process group, SIGKILL it after `timeout` seconds, and reap the engine."""
         if self._proc is None:
             return None
