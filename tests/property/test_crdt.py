@@ -27,7 +27,9 @@ def records(draw: st.DrawFn, session: str | None = None) -> NodeRecord:
         lifecycle=draw(st.sampled_from(list(Lifecycle))),
         version=draw(st.integers(0, 6)),
         addrs=tuple(draw(st.lists(st.sampled_from(["127.0.0.1:1", "10.0.0.1:2"]), max_size=2))),
-        models=tuple(ModelEntry(m) for m in draw(st.lists(st.sampled_from(["m1", "m2"]), max_size=2, unique=True))),
+        models=tuple(
+            ModelEntry(m) for m in draw(st.lists(st.sampled_from(["m1", "m2"]), max_size=2, unique=True))
+        ),
         hardware={"ram_mib": draw(st.integers(0, 4))},
         started_at=1.0,
         updated_at=float(draw(st.integers(0, 3))),
@@ -118,7 +120,9 @@ def test_from_wire_on_garbage_raises_only_value_error(obj: object) -> None:
 
 
 @given(records(), st.sampled_from(list(NodeRecord.__dataclass_fields__)), garbage)
-def test_from_wire_with_one_field_garbled_raises_only_value_error(record: NodeRecord, key: str, value: object) -> None:
+def test_from_wire_with_one_field_garbled_raises_only_value_error(
+    record: NodeRecord, key: str, value: object
+) -> None:
     wire = record.to_wire()
     wire[key] = value
     try:

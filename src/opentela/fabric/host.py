@@ -333,6 +333,9 @@ class Host:
                 return await self._finish_dial(conn, expected, deadline)
             except HandshakeError as exc:
                 conn.abort()
+                if exc.details.get("timeout"):
+                    errors.append(DialTimeout(f"handshake with {format_addr(host, port)} timed out"))
+                    break
                 logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
                 errors.append(exc)
                 if exc.details.get("self_dial"):
@@ -427,6 +430,8 @@ class Host:
             conn.abort()
             raise
         if conn.error is not None:
+            if isinstance(conn.error, HandshakeError) and conn.error.details.get("timeout"):
+                raise DialTimeout(f"TLS with {where} did not finish in time")
             if isinstance(conn.error, HandshakeError):
                 raise HandshakeError(f"TLS with {where} failed: {conn.error}") from conn.error
             raise PeerUnreachableError(f"{where} closed the connection during TLS: {conn.error}")

@@ -187,9 +187,8 @@ class MuxConnection(asyncio.Protocol):
     def _handshake_expired(self) -> None:
         self._deadline = None
         if not self._running:
-            self._fail(
-                HandshakeError(f"handshake not done within {self.config.handshake_timeout}s"), abort=True
-            )
+            exc = HandshakeError(f"handshake not done within {self.config.handshake_timeout}s", timeout=True)
+            self._fail(exc, abort=True)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """The transport is gone: fail every stream."""
@@ -222,6 +221,8 @@ class MuxConnection(asyncio.Protocol):
     async def recv_exactly(self, n: int) -> bytes:
         """Handshake only: the next `n` raw bytes."""
         while len(self._hs_buf) < n:
+            if isinstance(self.error, HandshakeError):
+                raise self.error
             if self.error is not None:
                 raise HandshakeError(f"connection closed during the handshake: {self.error}")
             self._hs_waiter = self._loop.create_future()

@@ -9,6 +9,7 @@ from fabric_helpers import HostFactory, echo, free_port, read_all, wait_until
 
 from opentela._types import Stream
 from opentela.errors import ConnectionClosedError, DialTimeout, PeerUnreachableError, StreamResetError
+from opentela.fabric._config import FabricConfig
 from opentela.fabric.addresses import parse_addr
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
@@ -152,6 +153,12 @@ async def test_dial_timeout(make_host: HostFactory) -> None:
     try:
         with pytest.raises(DialTimeout):
             await a.connect(f"127.0.0.1:{port}", timeout=0.3)
+        # The connection's own handshake deadline, shorter than the dial timeout, is a timeout too.
+        impatient = await make_host(config=FabricConfig(handshake_timeout=0.3, dial_timeout=5))
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(DialTimeout):
+            await impatient.connect(f"127.0.0.1:{port}")
+        assert asyncio.get_running_loop().time() - started < 2
     finally:
         for writer in writers:
             writer.close()

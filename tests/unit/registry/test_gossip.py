@@ -61,7 +61,7 @@ async def swarm(n: int, config: RegistryConfig) -> AsyncIterator[list[Node]]:
 
 async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
     async with asyncio.timeout(timeout):
-        while not pred():
+        while not pred():  # noqa: ASYNC110 (polling a plain predicate)
             await asyncio.sleep(0.01)
 
 
@@ -107,13 +107,17 @@ async def test_a_peer_sending_garbage_does_not_stop_gossip() -> None:
 
 
 async def test_disconnect_suspects_at_once_and_a_probe_clears_it() -> None:
-    async with swarm(2, RegistryConfig(anti_entropy_interval=60, probe_interval=0.05, probe_timeout=0.5)) as nodes:
+    async with swarm(
+        2, RegistryConfig(anti_entropy_interval=60, probe_interval=0.05, probe_timeout=0.5)
+    ) as nodes:
         a, b = nodes
         await until(lambda: converged(nodes))
         conn = a.host.connection(b.host.peer_id)
         assert conn is not None
         conn.abort()
-        await until(lambda: a.membership.is_suspected(b.host.peer_id) or not a.host.is_connected(b.host.peer_id))
+        await until(
+            lambda: a.membership.is_suspected(b.host.peer_id) or not a.host.is_connected(b.host.peer_id)
+        )
         # b is alive and reachable at its advertised address: the next probe redials and lifts the suspicion.
         await until(lambda: not a.membership.is_suspected(b.host.peer_id), timeout=5)
 
