@@ -322,13 +322,13 @@ class Host:
         while remaining:
             try:
                 async with asyncio.timeout_at(deadline):
-                    conn, index = await self._race(remaining, errors)
+                    won = await self._race(remaining, errors)
             except TimeoutError:
                 errors.append(DialTimeout("timed out"))
                 break
-            if conn is None:
+            if won is None:
                 break
-            host, port, _ = remaining.pop(index)
+            conn, (host, port, _) = won
             try:
                 return await self._finish_dial(conn, expected, deadline)
             except HandshakeError as exc:
@@ -381,38 +381,38 @@ class Host:
 
     async def _race(
         self, targets: list[_Target], errors: list[Exception]
-    ) -> tuple[MuxConnection | None, int]:
-        """Open TLS to the targets, staggered, the first to succeed wins; (None, -1) if all fail."""
-        attempts: dict[asyncio.Task[MuxConnection], int] = {}
-        next_index = 0
+    ) -> tuple[MuxConnection, _Target] | None:
+        """Open TLS to `targets` (happy eyeballs: the next starts after a short delay or a failure); the first
+        to succeed wins. Each target tried is removed from `targets`, its error added to `errors`."""
+        attempts: dict[asyncio.Task[MuxConnection], _Target] = {}
+        pending = list(targets)
         try:
             while True:
-                if next_index < len(targets):
-                    host, port, _ = targets[next_index]
-                    attempts[self._loop.create_task(self._open_tls(host, port))] = next_index
-                    next_index += 1
+                if pending:
+                    target = pending.pop(0)
+                    targets.remove(target)
+                    attempts[self._loop.create_task(self._open_tls(target[0], target[1]))] = target
                 if not attempts:
-                    return None, -1
+                    return None
                 done, _ = await asyncio.wait(
-                    attempts,
-                    timeout=_STAGGER if next_index < len(targets) else None,
-                    return_when=asyncio.FIRST_COMPLETED,
+                    attempts, timeout=_STAGGER if pending else None, return_when=asyncio.FIRST_COMPLETED
                 )
-                winner: tuple[MuxConnection, int] | None = None
+                winner: tuple[MuxConnection, _Target] | None = None
                 for task in done:
-                    index = attempts.pop(task)
+                    target = attempts.pop(task)
                     exc = task.exception()
                     if exc is not None:
                         errors.append(exc)
                     elif winner is None:
-                        winner = (task.result(), index)
+                        winner = (task.result(), target)
                     else:
                         task.result().abort()
                 if winner is not None:
                     return winner
         finally:
-            for task in attempts:
+            for task, target in attempts.items():
                 task.cancel()
+                targets.append(target)  # interrupted, not failed: still worth a try
             for result in await asyncio.gather(*attempts, return_exceptions=True):
                 if isinstance(result, MuxConnection):
                     result.abort()

@@ -38,6 +38,17 @@ async def test_open_stream_dials_the_given_addresses_once(make_host: HostFactory
         await a.open_stream(Identity.generate().peer_id, "/echo", addrs=[bad])
 
 
+async def test_a_stale_address_of_another_node_is_skipped(make_host: HostFactory) -> None:
+    a, b, c = await make_host(), await make_host(), await make_host()
+    # c now listens where b's record says b was; the key check refuses it and the next address is tried.
+    stream = await a.open_stream(b.peer_id, "/echo", addrs=[c.listen_addrs[0], b.listen_addrs[0]])
+    assert stream.remote_peer == b.peer_id
+    await stream.write(b"right peer")
+    await stream.write_eof()
+    assert await read_all(stream) == b"right peer"
+    assert a.connected_peers() == [b.peer_id]
+
+
 async def test_connection_callbacks_and_reuse(make_host: HostFactory) -> None:
     a, b = await make_host(), await make_host()
     events: list[tuple[str, str]] = []
