@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from opentela.gateway._config import GatewayConfig
+from opentela.gateway.access_log import GatewayAccessLogger
 from opentela.gateway.errors import error_middleware
 from opentela.gateway.forwarder import Forwarder
 from opentela.gateway.mesh import Mesh
@@ -69,7 +70,9 @@ class Gateway:
 
     async def start(self, host: str, port: int) -> str:
         """Listen on host:port (0 picks a free port); returns the base URL."""
-        self._runner = web.AppRunner(self.app, access_log=access_log, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app, access_log=access_log, access_log_class=GatewayAccessLogger, handle_signals=False
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)
         await site.start()

@@ -1,0 +1,32 @@
+"""Project rules that a test can check: ruff is clean and imports point down the layers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def run(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_ruff_is_clean() -> None:
+    out = run(sys.executable, "-m", "ruff", "check", "src", "tests", "benchmarks", "dev.py")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_layers_point_down() -> None:
+    tool = BIN / "lint-imports"
+    if not tool.exists():
+        tool = Path(shutil.which("lint-imports") or "")
+    if not tool.is_file():
+        pytest.fail("import-linter is part of the test extras; install with pip install -e '.[test]'")
+    out = run(str(tool))
+    assert out.returncode == 0, out.stdout + out.stderr
