@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
@@ -20,6 +19,7 @@ from opentela.errors import (
 from opentela.fabric._config import FabricConfig
 from opentela.fabric._frames import ErrorCode
 from opentela.fabric.addresses import format_addr, parse_addr
+from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
 from opentela.fabric.mux import MuxConnection
@@ -167,44 +167,9 @@ class Host:
         Retries forever when `attempts` is None; otherwise raises PeerUnreachableError after that many rounds.
         Addresses that turn out to be this node are dropped; if none is left, returns [].
         """
-        pending = list(dict.fromkeys(addrs))
-        for addr in pending:
-            parse_addr(addr)  # a typo in configuration should fail now, not retry forever
-        round_no = 0
-        while pending:
-            results = await asyncio.gather(*(self.connect(a) for a in pending), return_exceptions=True)
-            reached: list[PeerId] = []
-            still: list[str] = []
-            for addr, result in zip(pending, results, strict=True):
-                if isinstance(result, BaseException) and not isinstance(result, Exception):
-                    raise result
-                if isinstance(result, HandshakeError) and result.details.get("self_dial"):
-                    logger.info("bootstrap address %s is this node; skipping it", addr)
-                    continue
-                still.append(addr)
-                if isinstance(result, Exception):
-                    logger.info("bootstrap peer %s failed: %s", addr, result)
-                elif result not in reached:
-                    reached.append(result)
-            pending = still
-            if reached:
-                logger.info("bootstrapped", extra={"peers": ",".join(reached), "round": round_no + 1})
-                return reached
-            round_no += 1
-            if not pending:
-                break
-            if attempts is not None and round_no >= attempts:
-                raise PeerUnreachableError(f"no bootstrap peer answered after {round_no} rounds: {pending}")
-            # Full jitter: spreads a crowd of restarting nodes over the whole backoff interval.
-            delay = random.uniform(0, min(max_delay, initial_delay * 2 ** (round_no - 1)))
-            logger.warning(
-                "no bootstrap peer reachable (round %d); retrying in %.2fs",
-                round_no,
-                delay,
-                extra={"addrs": pending},
-            )
-            await asyncio.sleep(delay)
-        return []
+        return await bootstrap(
+            self.connect, addrs, initial_delay=initial_delay, max_delay=max_delay, attempts=attempts
+        )
 
     async def aclose(self) -> None:
         """Stop listening, cancel handlers and dials, say goodbye on every connection and close it."""
