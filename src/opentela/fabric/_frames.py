@@ -12,6 +12,7 @@ u64 (ACK marks the reply). GOAWAY (stream 0) carries a u32 code and a utf-8 mess
 from __future__ import annotations
 
 import enum
+import functools
 import struct
 from typing import NamedTuple
 
@@ -94,6 +95,7 @@ def encode_header(ftype: int, flags: int, stream_id: int, length: int) -> bytes:
     return HEADER.pack(VERSION, ftype, flags, stream_id, length)
 
 
+@functools.lru_cache(maxsize=256)
 def syn_prefix(protocol: str) -> bytes:
     """The start of a SYN payload: the protocol name, length-prefixed; ValueError if it cannot be sent."""
     raw = protocol.encode()
