@@ -1,6 +1,6 @@
 """One authenticated peer connection carrying many multiplexed streams (an asyncio.Protocol over TCP).
 
-The connection runs TLS itself (tls.TlsSession, on memory buffers: half the cost of asyncio's SSL transport),
+The connection runs TLS itself (tls.TlsSession, on memory buffers: cheaper than asyncio's SSL transport),
 then the identity handshake over the decrypted bytes (`recv_exactly`/`send`), then `start()` switches it to
 frames. Outgoing frames are queued and written together once per event-loop pass: a request's SYN, data and FIN
 leave in one TLS record and one syscall, without any timer.
@@ -129,6 +129,8 @@ class MuxConnection(asyncio.Protocol):
         self._deadline = self._loop.call_later(self.config.handshake_timeout, self._handshake_expired)
         if self.on_made is not None:
             self.on_made(self)
+            if self.error is not None:
+                return
         try:
             hello = self._tls.start()
         except ssl.SSLError as exc:
