@@ -151,7 +151,7 @@ class LocalMesh:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _node(self, name: str, args: Sequence[str]) -> NodeProcess:
+    def _node(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> NodeProcess:
         argv = [
             *OTELA,
             "start",
@@ -161,12 +161,18 @@ class LocalMesh:
             str(self.logs),
             *args,
         ]
-        node = NodeProcess(name, argv, self.logs / f"{name}.log", self.env)
+        merged = {**(self.env or os.environ), **env} if env else self.env
+        node = NodeProcess(name, argv, self.logs / f"{name}.log", merged)
         self.nodes[name] = node
         return node
 
-    async def start_ingress(self, *extra: str, name: str = "ingress") -> NodeProcess:
-        """Start the ingress (fabric on the mesh's bootstrap port, API on its HTTP port) and wait for /v1/health."""
+    async def start_ingress(
+        self, *extra: str, name: str = "ingress", env: dict[str, str] | None = None
+    ) -> NodeProcess:
+        """Start the ingress (fabric on the mesh's bootstrap port, API on its HTTP port) and wait for /v1/health.
+
+        `env` adds variables (e.g. OTELA_GATEWAY_* settings) for this process only.
+        """
         node = self._node(
             name,
             [
@@ -180,6 +186,7 @@ class LocalMesh:
                 "ingress",
                 *extra,
             ],
+            env,
         )
         await node.start()
         await self.wait_for(

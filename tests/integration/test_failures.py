@@ -157,3 +157,52 @@ async def test_bootstrap_with_wrong_peer_id_is_refused(tmp_path: Path) -> None:
         table = await m.get_json("/dnt/table")
         assert all(r["provider_id"] != "liar" for r in table)
         assert "peer id" in node.log_text().lower() or "handshake" in node.log_text().lower()
+
+
+async def post_chat(mesh: LocalMesh, model: str) -> tuple[int, dict]:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with mesh.http().post(f"{mesh.api}/chat/completions", json=body) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_known_model_without_healthy_replica_is_503(tmp_path: Path) -> None:
+    async with LocalMesh(tmp_path) as m:
+        await m.start_ingress()
+        worker = await m.add_worker(
+            "worker", [*OTELA, "engine", "simulated", "--model", "sim"], provider="lab"
+        )
+        await m.wait_serving("sim", 1, timeout=60)
+        for proc in psutil.Process(worker.pid).children(recursive=True):
+            proc.send_signal(signal.SIGKILL)
+        await worker.wait(timeout=10)
+        status, payload = await post_chat(m, "sim")
+        assert status == 503, payload
+        assert "no healthy replica" in payload["error"]["message"]
+        status, payload = await post_chat(m, "other")
+        assert status == 404 and "none are being served" in payload["error"]["message"]
+
+
+async def test_engine_dying_before_answering_is_502(tmp_path: Path) -> None:
+    async with LocalMesh(tmp_path) as m:
+        await m.start_ingress()
+        engine = [*OTELA, "engine", "simulated", "--model", "sim", "--crash-after", "0", "--ttft-ms", "50"]
+        await m.add_worker("worker", engine, provider="lab")
+        await m.wait_serving("sim", 1, timeout=60)
+        status, payload = await post_chat(m, "sim")
+        assert status in (502, 503), payload
+        assert payload["error"]["code"] in ("engine_crashed", "no_healthy_replica", "engine_unavailable")
+
+
+async def test_engine_that_hangs_is_504_after_the_first_byte_timeout(tmp_path: Path) -> None:
+    async with LocalMesh(tmp_path) as m:
+        await m.start_ingress(
+            env={"OTELA_GATEWAY_FIRST_BYTE_TIMEOUT": "1.0", "OTELA_GATEWAY_MAX_RETRIES": "0"}
+        )
+        engine = [*OTELA, "engine", "simulated", "--model", "sim", "--hang-after", "0"]
+        await m.add_worker("worker", engine, provider="lab")
+        await m.wait_serving("sim", 1, timeout=60)
+        started = time.monotonic()
+        status, payload = await post_chat(m, "sim")
+        assert status == 504, payload
+        assert payload["error"]["type"] == "timeout_error"
+        assert time.monotonic() - started < 10

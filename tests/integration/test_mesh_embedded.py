@@ -177,3 +177,23 @@ async def test_client_disconnect_mid_stream_leaves_mesh_healthy(embedded_mesh: L
             model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
         )
     assert out.choices[0].message.content is not None
+
+
+async def test_status_command_prints_the_mesh(embedded_mesh: LocalMesh) -> None:
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "opentela",
+        "status",
+        "--ingress",
+        embedded_mesh.api.removesuffix("/v1"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    text = out.decode()
+    assert proc.returncode == 0, err.decode()
+    assert "lab-a" in text and "lab-b" in text and "SERVING" in text and MODEL_ID in text
