@@ -21,6 +21,7 @@ async def embedded_mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterat
     async with LocalMesh(workdir) as mesh:
         await mesh.start_ingress("--max-body-bytes", str(64 * 1024))
         await mesh.add_worker("worker-a", embedded_engine_argv(threads=1), provider="lab-a")
-        await mesh.add_worker("worker-b", embedded_engine_argv(threads=1), provider="lab-b")
+        # The provider's shorthand for a CPU machine, as opposed to an explicit engine command above.
+        await mesh.add_worker("worker-b", None, "--engine", "embedded", provider="lab-b")
         await mesh.wait_serving(MODEL_ID, 2, timeout=90)
         yield mesh

@@ -51,10 +51,16 @@ async def test_streaming_chat_arrives_in_chunks(embedded_mesh: LocalMesh) -> Non
             model=MODEL_ID,
             messages=[{"role": "user", "content": "Count from one to five."}],
             max_tokens=24,
+            temperature=0,
             stream=True,
+            stream_options={"include_usage": True},
         )
-        pieces = [c.choices[0].delta.content or "" async for c in stream if c.choices]
-    assert len([p for p in pieces if p]) >= 3, pieces
+        chunks = [c async for c in stream]
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    usage = next(c.usage for c in chunks if c.usage)
+    # One SSE event per generated token, relayed as it came: as many content chunks as tokens.
+    assert usage.completion_tokens >= 3
+    assert len(pieces) >= usage.completion_tokens - 1, (pieces, usage)
     assert "".join(pieces).strip()
 
 

@@ -18,7 +18,8 @@ from opentela.errors import ProtocolError
 MAX_HEAD_BYTES = 16 * 1024
 _LEN = struct.Struct(">I")
 
-# Stream reset codes for failures after the response head has been sent.
+# Stream reset codes (application range, 0x100 and up; lower codes belong to the fabric).
+RESET_BAD_REQUEST = 0x100
 RESET_ENGINE_CRASHED = 0x101
 RESET_ENGINE_TIMEOUT = 0x102
 RESET_CANCELLED = 0x103

@@ -15,6 +15,7 @@ from opentela.errors import (
     error_from_code,
 )
 from opentela.fabric.http_tunnel import (
+    RESET_CANCELLED,
     TunnelRequest,
     TunnelResponseHead,
     encode_request,
@@ -90,7 +91,7 @@ class Forwarder:
                     async with asyncio.timeout(self.config.first_byte_timeout):
                         head = await read_response_head(stream)
                 except BaseException:
-                    stream.reset(0, "request abandoned")
+                    stream.reset(RESET_CANCELLED, "request abandoned")
                     raise
             except TimeoutError:
                 err: OpenTelaError = UpstreamTimeout(f"replica {target.session_id[:8]} sent no response head")
@@ -101,7 +102,7 @@ class Forwarder:
             else:
                 if head.error_code and head.status >= 500 and error_from_code(head.error_code, "").retryable:
                     # The node answered but its engine could not: say so, and try another replica.
-                    stream.reset(0, "retrying elsewhere")
+                    stream.reset(RESET_CANCELLED, "retrying elsewhere")
                     err = error_from_code(head.error_code, f"replica {target.session_id[:8]} failed")
                 else:
                     return Upstream(target, head, stream, attempt + 1, started)

@@ -19,6 +19,7 @@ from opentela.errors import (
 )
 from opentela.fabric.http_tunnel import (
     FORWARDED_RESPONSE_HEADERS,
+    RESET_BAD_REQUEST,
     RESET_ENGINE_CRASHED,
     RESET_ENGINE_TIMEOUT,
     TunnelRequest,
@@ -76,7 +77,7 @@ class LocalEngineProxy:
             request = await read_request(stream, self._max_body)
         except (ProtocolError, asyncio.IncompleteReadError) as exc:
             logger.warning("bad tunnel request from %s: %s", stream.remote_peer, exc)
-            stream.reset(1, f"bad request: {exc}")
+            stream.reset(RESET_BAD_REQUEST, f"bad request: {exc}")
             return
         await self.forward(request, stream)
 

@@ -33,6 +33,8 @@ from opentela.registry.registry import Registry
 
 logger = logging.getLogger(__name__)
 
+RESET_GOSSIP_ERROR = 0x100  # application reset codes start at 0x100; lower ones are the fabric's
+
 
 def digest_hash(digest: Digest) -> bytes:
     """A short, order-independent fingerprint of a digest."""
@@ -225,7 +227,7 @@ class Gossip:
         except (OpenTelaError, asyncio.IncompleteReadError) as exc:
             self.counters["errors"] += 1
             logger.debug("gossip from %s failed: %r", stream.remote_peer, exc)
-            stream.reset(1, "gossip error")
+            stream.reset(RESET_GOSSIP_ERROR, "gossip error")
         finally:
             await stream.aclose()
 
