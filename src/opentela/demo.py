@@ -43,6 +43,7 @@ def _print_usage(api: str) -> None:
         f'    -d \'{{"model": "{MODEL_ID}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     console.print("\nPython (openai SDK):", style="bold")
     console.print(
@@ -53,6 +54,7 @@ def _print_usage(api: str) -> None:
         "  print(reply.choices[0].message.content)",
         markup=False,
         highlight=False,
+        soft_wrap=True,
     )
     console.print(f"\nThe mesh as a table: otela status --ingress {api.removesuffix('/v1')}")
     console.print("Press Ctrl-C to stop the demo.\n")
@@ -73,7 +75,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         loop.add_signal_handler(sig, stop.set)
     mesh = LocalMesh(workdir, http_port=http_port)
     console.print(
-        f"[bold]Starting an OpenTela mesh on loopback[/]: 1 ingress + {args.workers} workers; logs in {mesh.logs}"
+        f"[bold]Starting an OpenTela mesh on loopback[/]: 1 ingress + {args.workers} workers; logs in {mesh.logs}",
+        soft_wrap=True,
     )
     try:
         with console.status("starting the ingress..."):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import aiohttp
@@ -53,7 +54,7 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
     suspected = {p.get("peer_id") for p in peers if p.get("suspected")}
     out = Table(title=f"OpenTela mesh at {ingress}", show_lines=False)
     for col in ("node", "session", "provider", "role", "state", "hardware", "models", "address"):
-        out.add_column(col, overflow="fold")
+        out.add_column(col, overflow="fold", no_wrap=col in ("node", "session", "state"))
     for rec in sorted(table, key=lambda r: (r.get("lifecycle", ""), r.get("provider_id", ""))):
         state = rec.get("lifecycle", "?")
         if rec.get("peer_id") in suspected and state in ("JOIN", "SERVING"):
@@ -68,5 +69,6 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
             ", ".join(m.get("id", "") for m in rec.get("models", [])) or "-",
             ", ".join(rec.get("addrs", [])[:1]),
         )
-    Console().print(out)
+    # A pipe or a log file has no width; do not squeeze the table into 80 columns there.
+    Console(width=None if sys.stdout.isatty() else 160).print(out)
     return 0
