@@ -56,3 +56,7 @@ class NodeConfig:
         default=8 * 1024 * 1024,
         metadata={"help": "Largest tunnelled request this node accepts for its engine."},
     )
+    trace_dir: str = field(
+        default="",
+        metadata={"help": "If set, append a line per registry change applied here to DIR/SESSION.trace."},
+    )

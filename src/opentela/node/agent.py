@@ -101,6 +101,7 @@ class NodeAgent:
         self._engine_ready = False
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failures: dict[str, int] = {}
+        self._closers: list[Any] = []
 
     def __repr__(self) -> str:
         state = self.registry.local.lifecycle.name if self.registry else "new"
@@ -161,6 +162,8 @@ class NodeAgent:
         self.registry = Registry(self.identity, first, config=self.registry_config)
         self.membership = Membership(self.host, self.registry, config=self.registry_config)
         self.gossip = Gossip(self.host, self.registry, self.membership, config=self.registry_config)
+        if self.node_config.trace_dir:
+            self._trace_applies(Path(self.node_config.trace_dir))
         self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream)
         await self.membership.start()
         await self.gossip.start()
@@ -175,6 +178,21 @@ class NodeAgent:
             log_dir.mkdir(parents=True, exist_ok=True)
             self.engine_log = log_dir / f"engine-{self.session_id[:12]}.log"
             self._spawn(self._run_engine(), "engine")
+
+    def _trace_applies(self, directory: Path) -> None:
+        """Record when each change reached this replica: the convergence benchmark reads these lines."""
+        directory.mkdir(parents=True, exist_ok=True)
+        trace = open(directory / f"{self.session_id}.trace", "a", buffering=1)  # closed in aclose
+        self._closers.append(trace.close)
+        assert self.registry is not None
+
+        def write(record: NodeRecord, local: bool) -> None:
+            trace.write(
+                f"{time.time():.6f} {record.session_id} {record.lifecycle.name} {record.version} {int(local)}\n"
+            )
+
+        write(self.registry.local, True)
+        self.registry.on_change(write)
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=f"otela-{name}")
@@ -260,6 +278,8 @@ class NodeAgent:
             await self.membership.aclose()
         if self.host is not None:
             await self.host.aclose()
+        for close in self._closers:
+            close()
 
     # --- the Mesh contract the gateway reads ----------------------------------------------------------------
     def candidates(self, model: str) -> list[NodeRecord]:
