@@ -1,0 +1,255 @@
+"""Registry convergence and idle control traffic with N real node processes on loopback.
+
+For each N: start an ingress (the bootstrap) and N-1 nodes without engines, wait until every replica knows
+every node, then measure
+  - idle control traffic per node (bytes the node's process wrote and read, over a quiet window),
+  - a join: one more node starts; for every other node, the time from the newcomer's own JOIN record to that
+    replica applying it,
+  - a model: one more node starts a (simulated) engine; the time from its SERVING record to each replica applying it.
+Each node appends "time session state version local" to a trace file per applied change (node.trace_dir).
+Prints JSON and writes docs/benchmarks/convergence.{json,md,png}.
+
+    python benchmarks/convergence.py [--sizes 8,16,32,64,128] [--idle-seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from opentela.localmesh import OTELA, LocalMesh
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def read_traces(trace_dir: Path) -> dict[str, list[tuple[float, str, str, int, bool]]]:
+    """Per observer session: (time, session, state, version, local) lines."""
+    out: dict[str, list[tuple[float, str, str, int, bool]]] = {}
+    for path in trace_dir.glob("*.trace"):
+        rows = []
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 5:
+                rows.append((float(parts[0]), parts[1], parts[2], int(parts[3]), parts[4] == "1"))
+        out[path.stem] = rows
+    return out
+
+
+def known_sessions(rows: list[tuple[float, str, str, int, bool]]) -> set[str]:
+    """Sessions an observer has applied (its own included)."""
+    return {r[1] for r in rows}
+
+
+def apply_delays(traces: dict, session: str, state: str) -> list[float]:
+    """Seconds from `session`'s own write of `state` to each other replica applying it (or a later state)."""
+    own = [r for r in traces.get(session, []) if r[1] == session and r[2] == state and r[4]]
+    if not own:
+        raise RuntimeError(f"{session} never wrote {state}")
+    t0 = own[0][0]
+    rank = ["JOIN", "SERVING", "DOWN", "LEFT"]
+    delays = []
+    for observer, rows in traces.items():
+        if observer == session:
+            continue
+        hits = [r[0] for r in rows if r[1] == session and rank.index(r[2]) >= rank.index(state)]
+        delays.append(min(hits) - t0 if hits else float("inf"))
+    return delays
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """p50/p75/p95/max in seconds (inf when some replica never applied the change)."""
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+    return {
+        "replicas": len(ordered),
+        "p50_s": round(at(0.50), 4),
+        "p75_s": round(at(0.75), 4),
+        "p95_s": round(at(0.95), 4),
+        "slowest_s": round(ordered[-1], 4),
+        "missing": sum(1 for v in ordered if v == float("inf")),
+    }
+
+
+async def wait_all_know(trace_dir: Path, n: int, timeout: float) -> float:
+    """Wait until every one of n replicas has applied every one of the n sessions; returns seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        traces = read_traces(trace_dir)
+        if len(traces) >= n and all(len(known_sessions(rows)) >= n for rows in traces.values()):
+            return time.monotonic() - start
+        await asyncio.sleep(0.5)
+    counts = sorted(len(known_sessions(r)) for r in read_traces(trace_dir).values())
+    raise TimeoutError(f"replicas did not converge on {n} nodes in {timeout} s; known counts {counts[:5]}...")
+
+
+def io_bytes(pids: list[int]) -> dict[int, tuple[int, int]]:
+    """(bytes written, bytes read) by each process: socket traffic dominates for quiet nodes."""
+    out = {}
+    for pid in pids:
+        try:
+            io = psutil.Process(pid).io_counters()
+            out[pid] = (io.write_chars, io.read_chars)
+        except (psutil.Error, AttributeError):
+            pass
+    return out
+
+
+async def run_size(n: int, idle_seconds: float, workdir: Path) -> dict:
+    """One mesh of n nodes: idle traffic, then a join and a model announcement."""
+    trace_dir = workdir / "traces"
+    env = {**os.environ, "OTELA_NODE_TRACE_DIR": str(trace_dir), "OTELA_LOG_LEVEL": "WARNING"}
+    async with LocalMesh(workdir, env=env) as mesh:
+        t_start = time.monotonic()
+        await mesh.start_ingress("--log-level", "WARNING")
+        for i in range(n - 1):
+            await mesh.add_worker(f"n{i}", None, "--log-level", "WARNING")
+            if i % 8 == 7:
+                await asyncio.sleep(0.2)  # let a 2-core machine breathe while interpreters start
+        settle = await wait_all_know(trace_dir, n, timeout=120 + 3 * n)
+        print(
+            f"  N={n}: all {n} replicas know every node after {time.monotonic() - t_start:.1f} s",
+            file=sys.stderr,
+        )
+        await asyncio.sleep(min(10.0, idle_seconds))  # let start-up traffic die down
+        pids = [node.pid for node in mesh.nodes.values() if node.pid]
+        before = io_bytes(pids)
+        await asyncio.sleep(idle_seconds)
+        after = io_bytes(pids)
+        per_node = [
+            ((after[p][0] - before[p][0]) + (after[p][1] - before[p][1])) / idle_seconds
+            for p in pids
+            if p in before and p in after
+        ]
+        idle = {
+            "mean_bytes_per_s": round(sum(per_node) / len(per_node), 1),
+            "max_bytes_per_s": round(max(per_node), 1),
+            "note": "written + read bytes of each node process (TLS records included), quiet mesh",
+        }
+        existing = set(read_traces(trace_dir))
+        await mesh.add_worker("joiner", None, "--log-level", "WARNING")
+        await wait_all_know(trace_dir, n + 1, timeout=60)
+        traces = read_traces(trace_dir)
+        (joiner_session,) = set(traces) - existing
+        join = percentiles(apply_delays(traces, joiner_session, "JOIN"))
+        existing = set(traces)
+        await mesh.add_worker(
+            "server", [*OTELA, "engine", "simulated", "--model", "conv-model"], "--log-level", "WARNING"
+        )
+        await mesh.wait_serving("conv-model", 1, timeout=60)
+        await asyncio.sleep(3)
+        traces = read_traces(trace_dir)
+        (server_session,) = set(traces) - existing
+        serve = percentiles(apply_delays(traces, server_session, "SERVING"))
+        return {
+            "nodes": n,
+            "startup_converged_s": round(settle, 2),
+            "join": join,
+            "serve_model": serve,
+            "idle_traffic": idle,
+            "delays": {
+                "join": sorted(apply_delays(traces, joiner_session, "JOIN")),
+                "serve_model": sorted(apply_delays(traces, server_session, "SERVING")),
+            },
+        }
+
+
+def render(result: dict) -> str:
+    """Markdown summary."""
+    lines = [
+        "# Registry convergence",
+        "",
+        "`benchmarks/convergence.py`: N real `otela start` processes on loopback (no engines, except the one",
+        "that announces a model, which runs the simulated engine). Delays run from the originating node's own write to",
+        "each other replica applying the change; all clocks are this machine's.",
+        f"Machine: {result['machine']['cpus']} CPUs, Python {result['machine']['python']}.",
+        "",
+        "| N | join p50 | p75 | p95 | slowest | model p50 | p75 | p95 | slowest | idle B/s per node (mean / max) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        j, s, i = r["join"], r["serve_model"], r["idle_traffic"]
+        lines.append(
+            f"| {r['nodes']} | {j['p50_s']} | {j['p75_s']} | {j['p95_s']} | {j['slowest_s']} | "
+            f"{s['p50_s']} | {s['p75_s']} | {s['p95_s']} | {s['slowest_s']} | "
+            f"{i['mean_bytes_per_s']:.0f} / {i['max_bytes_per_s']:.0f} |"
+        )
+    lines += [
+        "",
+        "Times in seconds. Targets (ARCHITECTURE section 4): at 128 nodes p95 <= 1 s and slowest <= 3 s;",
+        "idle control traffic <= 1 KB/s per node at 10 nodes and <= 2 KB/s at 50.",
+        "",
+        "![CDF of apply delays](convergence.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: Path) -> None:
+    """CDF of apply delays per N, join and model announcement side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, title in (
+        (axes[0], "join", "a node joins"),
+        (axes[1], "serve_model", "a node serves a model"),
+    ):
+        for r in result["runs"]:
+            d = [x * 1000 for x in r["delays"][key] if x != float("inf")]
+            if d:
+                ax.plot(d, [(i + 1) / len(d) for i in range(len(d))], label=f"N={r['nodes']}")
+        ax.set_title(title)
+        ax.set_xlabel("apply delay (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of replicas")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def main() -> int:
+    """Run every size and write the results."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="8,16,32,64,128")
+    ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
+    args = ap.parse_args()
+    runs = []
+    for n in [int(x) for x in args.sizes.split(",") if x]:
+        print(f"N={n}...", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix=f"otela-conv-{n}-") as tmp:
+            runs.append(await run_size(n, args.idle_seconds, Path(tmp)))
+    result = {
+        "benchmark": "convergence",
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+        },
+        "runs": runs,
+    }
+    printable = {**result, "runs": [{k: v for k, v in r.items() if k != "delays"} for r in runs]}
+    print(json.dumps(printable, indent=2))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "convergence.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "convergence.md").write_text(render(result))
+    plot(result, out / "convergence.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
