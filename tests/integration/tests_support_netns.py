@@ -1,0 +1,79 @@
+"""Private test hosts: Linux network namespaces joined by veth links, created and removed by the tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+
+import pytest
+
+
+def _ip(*args: str, ns: str | None = None) -> None:
+    argv = ["ip", *(["netns", "exec", ns, "ip"] if ns else []), *args]
+    subprocess.run(argv, check=True, capture_output=True, timeout=10)
+
+
+def require_netns() -> None:
+    """Skip (with the reason) where namespaces cannot be made: not root, or no iproute2."""
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (`ip`) is not installed")
+    probe = f"otp{uuid.uuid4().hex[:6]}"
+    try:
+        _ip("netns", "add", probe)
+        _ip("netns", "del", probe)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc}")
+
+
+class Namespaces:
+    """A set of namespaces and links; everything is deleted on close."""
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:5]
+        self.names: list[str] = []
+        self.root_links: list[str] = []
+
+    def add(self, short: str) -> str:
+        """A new namespace with loopback up."""
+        name = f"ot{self.tag}{short}"
+        _ip("netns", "add", name)
+        self.names.append(name)
+        _ip("link", "set", "lo", "up", ns=name)
+        return name
+
+    def link(self, a: str, a_ip: str, b: str | None, b_ip: str) -> tuple[str, str]:
+        """A veth pair between namespace a and namespace b (None: the root namespace), /24 addresses."""
+        ia, ib = f"v{self.tag}{len(self.root_links)}a", f"v{self.tag}{len(self.root_links)}b"
+        self.root_links.append(ia)
+        _ip("link", "add", ia, "type", "veth", "peer", "name", ib)
+        _ip("link", "set", ia, "netns", a)
+        if b is not None:
+            _ip("link", "set", ib, "netns", b)
+        _ip("addr", "add", f"{a_ip}/24", "dev", ia, ns=a)
+        _ip("link", "set", ia, "up", ns=a)
+        _ip("addr", "add", f"{b_ip}/24", "dev", ib, ns=b)
+        _ip("link", "set", ib, "up", ns=b)
+        return ia, ib
+
+    def set_link(self, ns: str, dev: str, up: bool) -> None:
+        """Bring a link up or down inside `ns` (down on either end cuts the pair)."""
+        _ip("link", "set", dev, "up" if up else "down", ns=ns)
+
+    def close(self) -> None:
+        """Delete every namespace (their links go with them) and stray root-side links."""
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10, check=False)
+        for link in self.root_links:
+            subprocess.run(
+                ["ip", "link", "del", f"{link[:-1]}b"], capture_output=True, timeout=10, check=False
+            )
+
+
+def in_ns(ns: str, argv: Sequence[str]) -> list[str]:
+    """Run `argv` inside namespace `ns`."""
+    return ["ip", "netns", "exec", ns, *argv]
