@@ -45,6 +45,18 @@ class FabricConfig:
         default=10.0,
         metadata={"help": "Seconds to wait for the ping answer before the connection is declared dead."},
     )
+    relay_serve: bool = field(
+        default=True,
+        metadata={
+            "help": "Relay circuits for peers that cannot accept connections (only when reachable ourselves)."
+        },
+    )
+    relay_max_reservations: int = field(
+        default=128, metadata={"help": "Private peers this node keeps relay slots for."}
+    )
+    relay_max_circuits: int = field(
+        default=256, metadata={"help": "Relayed connections this node carries at once."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("dial_timeout", "handshake_timeout", "keepalive_interval", "keepalive_timeout"):

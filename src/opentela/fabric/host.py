@@ -7,7 +7,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
-from opentela._types import PeerId, ProtocolName, Stream
+from opentela._types import PROTO_RELAY, PeerId, ProtocolName, Stream
 from opentela.errors import (
     ConnectionClosedError,
     DialTimeout,
@@ -23,6 +23,14 @@ from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
 from opentela.fabric.mux import MuxConnection
+from opentela.fabric.relay import (
+    RelayService,
+    StreamTransport,
+    is_circuit,
+    relay_of,
+    request_circuit,
+    request_reservation,
+)
 from opentela.fabric.stream import MuxStream
 from opentela.fabric.tls import TlsMaterial
 
@@ -58,6 +66,13 @@ class Host:
         self._announced: set[PeerId] = set()
         self._on_connected: list[Callable[[PeerId], None]] = []
         self._on_disconnected: list[Callable[[PeerId], None]] = []
+        self.relay = RelayService(
+            self,
+            serve=config.relay_serve,
+            max_reservations=config.relay_max_reservations,
+            max_circuits=config.relay_max_circuits,
+        )
+        self._handlers[PROTO_RELAY] = self.relay.rpc_relay
         self._closed = False
 
     @classmethod
@@ -138,7 +153,10 @@ class Host:
         if conn is not None and conn.usable:
             return conn.open_stream(protocol)  # the hot path: no await, no allocation beyond the stream
         targets = []
+        circuits = [a for a in addrs if is_circuit(a)]
         for addr in addrs:
+            if is_circuit(addr):
+                continue
             try:
                 host, port, in_addr = parse_addr(addr)
             except ValueError as exc:
@@ -146,9 +164,17 @@ class Host:
                 continue
             if in_addr is None or in_addr == peer_id:
                 targets.append((host, port, peer_id))
-        if not targets and peer_id not in self._dialing:
+        if not targets and not circuits and peer_id not in self._dialing:
             raise PeerUnreachableError(f"not connected to {peer_id} and no address to dial", peer_id=peer_id)
-        await self._connect(peer_id, targets, timeout)
+        if targets or not circuits:
+            try:
+                await self._connect(peer_id, targets, timeout)
+            except (PeerUnreachableError, DialTimeout):
+                if not circuits:
+                    raise
+                await self._connect_relayed(peer_id, circuits, timeout)
+        else:
+            await self._connect_relayed(peer_id, circuits, timeout)
         conn = self._conns.get(peer_id)
         if conn is None or not conn.usable:
             raise PeerUnreachableError(f"the connection to {peer_id} closed right after it opened")
@@ -343,6 +369,55 @@ class Host:
         conn.start(peer_id)
         self._register(conn)
         return peer_id
+
+    async def _connect_relayed(self, peer_id: PeerId, circuits: list[str], timeout: float | None) -> None:
+        """Reach `peer_id` through the first relay that can connect us (direct dials failed or were impossible)."""
+        timeout = self.config.dial_timeout if timeout is None else timeout
+        errors = []
+        for circuit in circuits:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._dial_relayed(peer_id, relay_of(circuit), self._loop.time() + timeout)
+                return
+            except (OpenTelaError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
+                errors.append(f"{circuit}: {exc or 'timeout'}")
+        raise PeerUnreachableError(f"no relay could reach {peer_id}: {'; '.join(errors)}", peer_id=peer_id)
+
+    async def _dial_relayed(self, peer_id: PeerId, relay_addr: str, deadline: float) -> PeerId:
+        relay_peer = await self.connect(relay_addr)
+        stream = await self.open_stream(relay_peer, PROTO_RELAY)
+        try:
+            await request_circuit(stream, peer_id)
+        except BaseException:
+            stream.reset(0, "circuit refused")
+            raise
+        conn = self._new_conn(initiator=True)
+        StreamTransport(stream, conn, relay_peer).start()
+        try:
+            await conn.secure
+            if conn.error is not None:
+                raise PeerUnreachableError(f"TLS through relay {relay_peer} failed: {conn.error}")
+            return await self._finish_dial(conn, peer_id, deadline)
+        except BaseException:
+            conn.abort()
+            raise
+
+    async def accept_relayed(self, stream: Stream, dialer: PeerId) -> None:
+        """Run an inbound connection from `dialer` over a relayed stream until it ends."""
+        conn = self._inbound_protocol()
+        StreamTransport(stream, conn, stream.remote_peer).start()
+        logger.info("relayed connection", extra={"peer_id": dialer, "relay": stream.remote_peer})
+        await asyncio.shield(conn.lost)
+
+    async def reserve_relay(self, relay_addr: str) -> PeerId:
+        """Connect to the relay at `relay_addr` and hold a slot there; returns the relay's peer id."""
+        relay_peer = await self.connect(relay_addr)
+        stream = await self.open_stream(relay_peer, PROTO_RELAY)
+        try:
+            await request_reservation(stream)
+        finally:
+            await stream.aclose()
+        return relay_peer
 
     async def _race(
         self, targets: list[_Target], errors: list[Exception]

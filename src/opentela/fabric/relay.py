@@ -1,0 +1,260 @@
+"""Circuit relay over /otela/relay/1: reach a peer that accepts no inbound connections through one that does.
+
+A private node keeps an outbound connection to a public peer and *reserves* a slot there. Another peer asks the
+relay to *connect* it to the private node; the relay opens a stream to the private node over the reserved
+connection and splices the two streams. The two ends then run the ordinary TLS + identity handshake and the
+multiplexer end to end over the spliced bytes, so the relay can neither read nor forge what passes through it.
+
+Messages (length-prefixed msgpack, see messages.py); every reply is {"ok": true, ...} or {"ok": false, "error": ...}:
+  reserve:  private -> relay  {"t": "reserve"}                   reply {"ok": true, "ttl": s}
+  connect:  dialer  -> relay  {"t": "connect", "to": PEERID}     reply, then raw bytes both ways
+  incoming: relay -> private  {"t": "incoming", "from": PEERID}  reply, then raw bytes both ways
+A circuit address is a relay address followed by "/p2p-circuit", e.g. "RELAYID@10.0.0.1:4001/p2p-circuit".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import Any
+
+from opentela._types import PROTO_RELAY, PeerId, Stream
+from opentela.errors import OpenTelaError, PeerUnreachableError
+from opentela.fabric.messages import read_msg, write_msg
+
+logger = logging.getLogger(__name__)
+
+CIRCUIT_SUFFIX = "/p2p-circuit"
+_WRITE_HIGH = 512 * 1024  # bytes buffered in a StreamTransport before its protocol is asked to pause
+
+
+def is_circuit(addr: str) -> bool:
+    """Whether `addr` names a peer through a relay."""
+    return addr.endswith(CIRCUIT_SUFFIX)
+
+
+def circuit_addr(relay_addr: str) -> str:
+    """The circuit address that reaches us through `relay_addr` ("RELAYID@host:port")."""
+    return relay_addr + CIRCUIT_SUFFIX
+
+
+def relay_of(addr: str) -> str:
+    """The relay's own address inside a circuit address."""
+    return addr[: -len(CIRCUIT_SUFFIX)]
+
+
+class StreamTransport(asyncio.Transport):
+    """An asyncio transport whose bytes travel on a fabric stream: lets a MuxConnection run through a relay."""
+
+    def __init__(self, stream: Stream, protocol: asyncio.Protocol, relay: PeerId) -> None:
+        super().__init__()
+        self._stream = stream
+        self._protocol = protocol
+        self._extra = {"peername": ("relay", relay), "sockname": ("relay", relay)}
+        self._out: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._closing = False
+        self._lost = False
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    def __repr__(self) -> str:
+        return f"<StreamTransport over {self._stream!r} buffered={self._buffered}>"
+
+    def start(self) -> None:
+        """Hand ourselves to the protocol and start pumping bytes both ways."""
+        self._protocol.connection_made(self)
+        self._tasks = [
+            asyncio.create_task(self._pump_in(), name="otela-relay-in"),
+            asyncio.create_task(self._pump_out(), name="otela-relay-out"),
+        ]
+
+    async def _pump_in(self) -> None:
+        try:
+            while data := await self._stream.read():
+                self._protocol.data_received(data)
+            self._protocol.eof_received()
+        except (OpenTelaError, asyncio.IncompleteReadError) as exc:
+            logger.debug("relayed stream ended: %r", exc)
+        self._connection_lost()
+
+    async def _pump_out(self) -> None:
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._out:
+                    chunk = self._out.popleft()
+                    await self._stream.write(chunk)
+                    self._buffered -= len(chunk)
+                if self._paused and self._buffered < _WRITE_HIGH // 2:
+                    self._paused = False
+                    self._protocol.resume_writing()
+                if self._closing:
+                    await self._stream.write_eof()
+                    return
+        except OpenTelaError as exc:
+            logger.debug("relayed stream write failed: %r", exc)
+            self._stream.reset(0, "relayed transport failed")
+            self._connection_lost()
+
+    def _connection_lost(self) -> None:
+        if not self._lost:
+            self._lost = True
+            self._closing = True
+            self._protocol.connection_lost(None)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Queue bytes; they go out in order on the stream."""
+        if self._closing or not data:
+            return
+        self._out.append(bytes(data))
+        self._buffered += len(data)
+        self._wake.set()
+        if not self._paused and self._buffered > _WRITE_HIGH:
+            self._paused = True
+            self._protocol.pause_writing()
+
+    def is_closing(self) -> bool:
+        """True once close or abort was called, or the stream ended."""
+        return self._closing
+
+    def close(self) -> None:
+        """Flush what is queued, half-close the stream, and report the connection lost."""
+        if self._closing:
+            return
+        self._closing = True
+        self._wake.set()
+        asyncio.get_running_loop().call_soon(self._connection_lost)
+
+    def abort(self) -> None:
+        """Reset the stream at once."""
+        self._closing = True
+        self._stream.reset(0, "relayed connection aborted")
+        for task in self._tasks:
+            task.cancel()
+        asyncio.get_running_loop().call_soon(self._connection_lost)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """peername/sockname name the relay; there is no socket of our own."""
+        return self._extra.get(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        """Bytes queued and not yet written to the stream."""
+        return self._buffered
+
+
+async def splice(a: Stream, b: Stream) -> None:
+    """Copy bytes both ways until both directions end; a failure on either side resets both."""
+
+    async def copy(src: Stream, dst: Stream) -> None:
+        while data := await src.read():
+            await dst.write(data)
+        await dst.write_eof()
+
+    try:
+        await asyncio.gather(copy(a, b), copy(b, a))
+    except (OpenTelaError, asyncio.IncompleteReadError) as exc:
+        logger.debug("circuit ended: %r", exc)
+        a.reset(0, "circuit closed")
+        b.reset(0, "circuit closed")
+
+
+async def request_reservation(stream: Stream) -> float:
+    """Ask the relay on the other end of `stream` to keep a slot for us; returns the reservation's ttl."""
+    await write_msg(stream, {"t": "reserve"})
+    reply = await read_msg(stream, 4096)
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        reason = reply.get("error") if isinstance(reply, dict) else "bad reply"
+        raise PeerUnreachableError(f"relay {stream.remote_peer} refused a reservation: {reason}")
+    return float(reply.get("ttl", 0))
+
+
+async def request_circuit(stream: Stream, target: PeerId) -> None:
+    """Ask the relay to connect `stream` to `target`; raises PeerUnreachableError if it cannot."""
+    await write_msg(stream, {"t": "connect", "to": target})
+    reply = await read_msg(stream, 4096)
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        reason = reply.get("error") if isinstance(reply, dict) else "bad reply"
+        raise PeerUnreachableError(f"relay {stream.remote_peer} cannot reach {target}: {reason}")
+
+
+class RelayService:
+    """Both roles of /otela/relay/1 on one host: relay for others (when public) and accept relayed dials."""
+
+    def __init__(self, host: Any, *, serve: bool, max_reservations: int, max_circuits: int) -> None:
+        self.host = host
+        self.serve = serve
+        self.max_reservations = max_reservations
+        self.max_circuits = max_circuits
+        self.reservations: set[PeerId] = set()
+        self.circuits = 0
+        self.relayed_in = 0
+        host.on_peer_disconnected(self.reservations.discard)
+
+    def __repr__(self) -> str:
+        return f"<RelayService serve={self.serve} reservations={len(self.reservations)} circuits={self.circuits}>"
+
+    def stats(self) -> dict[str, int]:
+        """Reservations held for others, circuits open through us, connections that reached us relayed."""
+        return {
+            "reservations": len(self.reservations),
+            "circuits": self.circuits,
+            "relayed_in": self.relayed_in,
+        }
+
+    async def rpc_relay(self, stream: Stream) -> None:
+        """Serve one /otela/relay/1 stream."""
+        msg = await read_msg(stream, 4096)
+        kind = msg.get("t") if isinstance(msg, dict) else None
+        if kind == "reserve":
+            await self._reserve(stream)
+        elif kind == "connect":
+            await self._connect(stream, msg.get("to"))
+        elif kind == "incoming":
+            await write_msg(stream, {"ok": True})
+            self.relayed_in += 1
+            await self.host.accept_relayed(stream, str(msg.get("from", "")))
+        else:
+            await write_msg(stream, {"ok": False, "error": f"unknown relay message {kind!r}"})
+
+    async def _reserve(self, stream: Stream) -> None:
+        peer = stream.remote_peer
+        if not self.serve:
+            await write_msg(stream, {"ok": False, "error": "this node is not a relay"})
+        elif peer not in self.reservations and len(self.reservations) >= self.max_reservations:
+            await write_msg(stream, {"ok": False, "error": "relay full"})
+        else:
+            self.reservations.add(peer)
+            logger.info("relay slot reserved", extra={"peer_id": peer})
+            await write_msg(stream, {"ok": True, "ttl": 0})
+
+    async def _connect(self, stream: Stream, target: Any) -> None:
+        if not self.serve or not isinstance(target, str) or target not in self.reservations:
+            await write_msg(stream, {"ok": False, "error": "no reservation for that peer"})
+            return
+        if self.circuits >= self.max_circuits:
+            await write_msg(stream, {"ok": False, "error": "too many circuits"})
+            return
+        self.circuits += 1
+        try:
+            try:
+                onward = await self.host.open_stream(target, PROTO_RELAY, timeout=5.0)
+                await write_msg(onward, {"t": "incoming", "from": stream.remote_peer})
+                reply = await read_msg(onward, 4096)
+            except (OpenTelaError, asyncio.IncompleteReadError) as exc:
+                await write_msg(stream, {"ok": False, "error": f"target unreachable: {exc}"})
+                return
+            if not isinstance(reply, dict) or not reply.get("ok"):
+                await write_msg(stream, {"ok": False, "error": "target refused"})
+                onward.reset(0, "refused")
+                return
+            await write_msg(stream, {"ok": True})
+            await splice(stream, onward)
+            with contextlib.suppress(OpenTelaError):
+                await onward.aclose()
+        finally:
+            self.circuits -= 1
