@@ -21,6 +21,11 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--provider-id", metavar="ID", help="provider this node belongs to")
     p.add_argument("--listen", metavar="HOST:PORT", help="fabric listen address (default 0.0.0.0:0)")
     p.add_argument("--advertise", action="append", metavar="HOST:PORT", help="address peers should dial")
+    p.add_argument(
+        "--reachability",
+        choices=["public", "private"],
+        help="private: outbound connections only; reached through relay slots on the bootstrap peers",
+    )
     p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
     p.add_argument(
         "--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)"
@@ -91,7 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     node: dict[str, Any] = {}
     gateway: dict[str, Any] = {}
-    for name in ("provider_id", "listen", "key_file", "engine", "engine_port", "log_dir", "max_body_bytes"):
+    for name in (
+        "provider_id",
+        "listen",
+        "key_file",
+        "engine",
+        "engine_port",
+        "log_dir",
+        "max_body_bytes",
+        "reachability",
+    ):
         value = getattr(args, name)
         if value is not None:
             node[name] = value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -41,7 +42,12 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     identity = Identity.load_or_create(node.key_file or config_home() / "identity.key")
     engine = resolve_engine(config, command)
     log_dir = Path(node.log_dir) if node.log_dir else state_home() / "logs"
-    agent = NodeAgent(identity, node, config.fabric, config.registry, engine=engine, log_dir=log_dir)
+    if node.reachability not in ("public", "private"):
+        raise ConfigError(f"reachability must be public or private, not {node.reachability!r}")
+    fabric = config.fabric
+    if node.reachability == "private":
+        fabric = dataclasses.replace(fabric, relay_serve=False)  # nobody can dial us, so we relay for nobody
+    agent = NodeAgent(identity, node, fabric, config.registry, engine=engine, log_dir=log_dir)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, agent.request_stop, 0)

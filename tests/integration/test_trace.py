@@ -36,7 +36,9 @@ async def test_every_replica_traces_every_change(tmp_path: Path) -> None:
             views = [sessions_in(f) for f in files]
             return all(len(v) == 3 and any("SERVING" in states for states in v.values()) for v in views)
 
-        await mesh.wait_for(all_traced, timeout=20, what="every replica to trace all three nodes and the model")
+        await mesh.wait_for(
+            all_traced, timeout=20, what="every replica to trace all three nodes and the model"
+        )
         for f in trace_dir.glob("*.trace"):
             own = [line for line in f.read_text().splitlines() if line.split()[1] == f.stem]
             assert own and all(line.endswith(" 1") for line in own), "a node's own writes are marked local"

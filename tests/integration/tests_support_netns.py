@@ -77,3 +77,39 @@ class Namespaces:
 def in_ns(ns: str, argv: Sequence[str]) -> list[str]:
     """Run `argv` inside namespace `ns`."""
     return ["ip", "netns", "exec", ns, *argv]
+
+
+def ensure_nft() -> str:
+    """The nft binary, installed from Debian's packages when missing; skip with the reason if that fails."""
+    found = shutil.which("nft")
+    if found:
+        return found
+    install = ["apt-get", "install", "-y", "-q", "nftables"]
+    for attempt in ([*install], ["apt-get", "update", "-q"], [*install]):
+        subprocess.run(attempt, capture_output=True, timeout=300, check=False)
+        if shutil.which("nft"):
+            return shutil.which("nft") or "nft"
+    pytest.skip("nftables is not installed and could not be installed with apt-get")
+    return ""
+
+
+def drop_inbound_connections(ns: str) -> None:
+    """Firewall `ns` the way a cluster's compute nodes are: outbound connections only, new inbound ones dropped."""
+    nft = ensure_nft()
+    run = lambda *a: subprocess.run(["ip", "netns", "exec", ns, nft, *a], check=True, capture_output=True)  # noqa: E731
+    run("add", "table", "inet", "otela_test")
+    run("add", "chain", "inet", "otela_test", "in", "{ type filter hook input priority 0 ; policy accept ; }")
+    run(
+        "add",
+        "rule",
+        "inet",
+        "otela_test",
+        "in",
+        "iifname",
+        "!=",
+        "lo",
+        "tcp",
+        "flags",
+        "& (syn|ack) == syn",
+        "drop",
+    )

@@ -397,10 +397,12 @@ class Host:
             await conn.secure
             if conn.error is not None:
                 raise PeerUnreachableError(f"TLS through relay {relay_peer} failed: {conn.error}")
-            return await self._finish_dial(conn, peer_id, deadline)
+            peer = await self._finish_dial(conn, peer_id, deadline)
         except BaseException:
             conn.abort()
             raise
+        self.relay.relayed_out += 1
+        return peer
 
     async def accept_relayed(self, stream: Stream, dialer: PeerId) -> None:
         """Run an inbound connection from `dialer` over a relayed stream until it ends."""

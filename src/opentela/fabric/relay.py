@@ -193,17 +193,19 @@ class RelayService:
         self.reservations: set[PeerId] = set()
         self.circuits = 0
         self.relayed_in = 0
+        self.relayed_out = 0
         host.on_peer_disconnected(self.reservations.discard)
 
     def __repr__(self) -> str:
         return f"<RelayService serve={self.serve} reservations={len(self.reservations)} circuits={self.circuits}>"
 
     def stats(self) -> dict[str, int]:
-        """Reservations held for others, circuits open through us, connections that reached us relayed."""
+        """Reservations held for others, circuits open through us, relayed connections in and out."""
         return {
             "reservations": len(self.reservations),
             "circuits": self.circuits,
             "relayed_in": self.relayed_in,
+            "relayed_out": self.relayed_out,
         }
 
     async def rpc_relay(self, stream: Stream) -> None:

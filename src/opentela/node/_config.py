@@ -56,6 +56,13 @@ class NodeConfig:
         default=8 * 1024 * 1024,
         metadata={"help": "Largest tunnelled request this node accepts for its engine."},
     )
+    reachability: str = field(
+        default="public",
+        metadata={
+            "help": "`public` (peers can dial us) or `private` (outbound only: reach us through relay slots "
+            "reserved on the bootstrap peers)."
+        },
+    )
     trace_dir: str = field(
         default="",
         metadata={"help": "If set, append a line per registry change applied here to DIR/SESSION.trace."},

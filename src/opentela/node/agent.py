@@ -16,10 +16,11 @@ from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec
 from opentela.errors import EngineCrashedError, OpenTelaError, UpstreamTimeout
 from opentela.fabric._config import FabricConfig
-from opentela.fabric.addresses import parse_addr
+from opentela.fabric.addresses import format_addr, parse_addr
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
+from opentela.fabric.relay import circuit_addr
 from opentela.node._config import NodeConfig
 from opentela.node.hardware import probe_hardware
 from opentela.node.http_service import LocalEngineProxy
@@ -148,7 +149,10 @@ class NodeAgent:
             provider_id=self.provider_id,
             lifecycle=Lifecycle.JOIN,
             version=1,
-            addrs=advertised_addrs(self.host.listen_addrs, self.node_config.advertise),
+            # A private node has nothing to advertise until it holds relay slots.
+            addrs=()
+            if self.private
+            else advertised_addrs(self.host.listen_addrs, self.node_config.advertise),
             relays=(),
             roles=roles,
             hardware=hardware,
@@ -209,6 +213,33 @@ class NodeAgent:
         assert self.host is not None
         peers = await self.host.bootstrap(list(self.node_config.bootstrap))
         logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
+        if self.private:
+            await self._reserve_relays()
+
+    @property
+    def private(self) -> bool:
+        """Whether this node accepts no inbound connections and must be reached through relays."""
+        return self.node_config.reachability == "private"
+
+    async def _reserve_relays(self) -> None:
+        """Hold relay slots on the bootstrap peers and advertise circuit addresses instead of our own."""
+        assert self.host is not None and self.registry is not None
+        relays: list[str] = []
+        for addr in self.node_config.bootstrap:
+            try:
+                relay_peer = await self.host.reserve_relay(addr)
+            except (OpenTelaError, ValueError) as exc:
+                logger.warning("no relay slot at %s: %s", addr, exc)
+                continue
+            host, port, _ = parse_addr(addr)
+            relays.append(f"{relay_peer}@{format_addr(host, port)}")
+        if not relays:
+            logger.error(
+                "private node without any relay: peers cannot reach it until a bootstrap peer relays"
+            )
+            return
+        self.registry.update_local(addrs=tuple(circuit_addr(r) for r in relays), relays=tuple(relays))
+        logger.info("reachable through relays", extra={"relays": ",".join(relays)})
 
     async def _run_engine(self) -> None:
         assert self.engine is not None and self.registry is not None and self.engine_log is not None
@@ -342,6 +373,7 @@ class NodeAgent:
             "registry": self.registry.stats(),
             "gossip": self.gossip.stats(),
             "proxy": {"in_flight": self.proxy.in_flight, "served": self.proxy.served},
+            "relay": self.host.relay.stats() if self.host is not None else {},
             "failures_by_session": dict(self._failures),
         }
 
