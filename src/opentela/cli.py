@@ -23,8 +23,9 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", action="append", metavar="HOST:PORT", help="address peers should dial")
     p.add_argument(
         "--reachability",
-        choices=["public", "private"],
-        help="private: outbound connections only; reached through relay slots on the bootstrap peers",
+        choices=["public", "private", "auto"],
+        help="private: outbound connections only, reached through relay slots on the bootstrap peers; "
+        "auto (default): a bootstrap peer dials us back, and we go private if it cannot",
     )
     p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
     p.add_argument(

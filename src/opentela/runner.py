@@ -42,8 +42,8 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     identity = Identity.load_or_create(node.key_file or config_home() / "identity.key")
     engine = resolve_engine(config, command)
     log_dir = Path(node.log_dir) if node.log_dir else state_home() / "logs"
-    if node.reachability not in ("public", "private"):
-        raise ConfigError(f"reachability must be public or private, not {node.reachability!r}")
+    if node.reachability not in ("public", "private", "auto"):
+        raise ConfigError(f"reachability must be public, private or auto, not {node.reachability!r}")
     fabric = config.fabric
     if node.reachability == "private":
         fabric = dataclasses.replace(fabric, relay_serve=False)  # nobody can dial us, so we relay for nobody

@@ -15,7 +15,8 @@ from opentela.localmesh import OTELA, NodeProcess
 pytestmark = pytest.mark.integration
 
 
-async def test_private_worker_serves_through_a_relay(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reachability", ["private", "auto"])
+async def test_private_worker_serves_through_a_relay(tmp_path: Path, reachability: str) -> None:
     require_netns()
     spaces = Namespaces()
     nodes: list[NodeProcess] = []
@@ -71,9 +72,9 @@ async def test_private_worker_serves_through_a_relay(tmp_path: Path) -> None:
             "worker",
             worker_ns,
             "--reachability",
-            "private",
+            reachability,
             "--listen",
-            "0.0.0.0:0",
+            "10.81.2.2:0",  # its real address: only the firewall stops inbound connections
             "--bootstrap",
             "10.81.2.1:4901",
             "--provider-id",
@@ -97,12 +98,24 @@ async def test_private_worker_serves_through_a_relay(tmp_path: Path) -> None:
                 reps = next((m["replicas"] for m in data if m["id"] == "sim"), [])
                 return [r for r in reps if r["state"] == "SERVING" and not r["suspected"]]
 
+            async def relayed_record() -> dict | None:
+                try:
+                    async with http.get(f"{api}/dnt/table") as resp:
+                        table = await resp.json()
+                except (aiohttp.ClientError, TimeoutError):
+                    return None
+                rec = next((r for r in table if r["provider_id"] == "hpc-lab"), None)
+                addrs = rec["addrs"] if rec else []
+                return rec if addrs and all(a.endswith("/p2p-circuit") for a in addrs) else None
+
+            # With `auto`, the node first advertises its address, then learns nobody can dial it.
+            async with asyncio.timeout(30):
+                while not await relayed_record():  # noqa: ASYNC110 (polling over HTTP)
+                    await asyncio.sleep(0.3)
             async with asyncio.timeout(60):
                 while not await serving():  # noqa: ASYNC110 (polling over HTTP)
                     await asyncio.sleep(0.3)
-            async with http.get(f"{api}/dnt/table") as resp:
-                record = next(r for r in await resp.json() if r["provider_id"] == "hpc-lab")
-            assert record["addrs"] and all(a.endswith("/p2p-circuit") for a in record["addrs"])
+
             body = {"model": "sim", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
             async with http.post(f"{api}/chat/completions", json=body) as resp:
                 assert resp.status == 200, await resp.text()

@@ -29,6 +29,7 @@ from opentela.fabric.relay import (
     is_circuit,
     relay_of,
     request_circuit,
+    request_dial_back,
     request_reservation,
 )
 from opentela.fabric.stream import MuxStream
@@ -420,6 +421,14 @@ class Host:
         finally:
             await stream.aclose()
         return relay_peer
+
+    async def check_reachable(self, peer_id: PeerId, addrs: Sequence[str]) -> list[str]:
+        """Ask a connected peer which of our `addrs` it can open a new connection to."""
+        stream = await self.open_stream(peer_id, PROTO_RELAY)
+        try:
+            return await request_dial_back(stream, list(addrs))
+        finally:
+            await stream.aclose()
 
     async def _race(
         self, targets: list[_Target], errors: list[Exception]

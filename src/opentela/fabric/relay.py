@@ -9,6 +9,7 @@ Messages (length-prefixed msgpack, see messages.py); every reply is {"ok": true,
   reserve:  private -> relay  {"t": "reserve"}                   reply {"ok": true, "ttl": s}
   connect:  dialer  -> relay  {"t": "connect", "to": PEERID}     reply, then raw bytes both ways
   incoming: relay -> private  {"t": "incoming", "from": PEERID}  reply, then raw bytes both ways
+  dialback: any -> peer       {"t": "dialback", "addrs": [...]}  reply {"ok": true, "reachable": [...]}
 A circuit address is a relay address followed by "/p2p-circuit", e.g. "RELAYID@10.0.0.1:4001/p2p-circuit".
 """
 
@@ -22,11 +23,13 @@ from typing import Any
 
 from opentela._types import PROTO_RELAY, PeerId, Stream
 from opentela.errors import OpenTelaError, PeerUnreachableError
+from opentela.fabric.addresses import parse_addr
 from opentela.fabric.messages import read_msg, write_msg
 
 logger = logging.getLogger(__name__)
 
 CIRCUIT_SUFFIX = "/p2p-circuit"
+DIAL_BACK_TIMEOUT = 2.0  # a firewalled port drops the SYN silently: give up after this long
 _WRITE_HIGH = 512 * 1024  # bytes buffered in a StreamTransport before its protocol is asked to pause
 
 
@@ -173,6 +176,15 @@ async def request_reservation(stream: Stream) -> float:
     return float(reply.get("ttl", 0))
 
 
+async def request_dial_back(stream: Stream, addrs: list[str]) -> list[str]:
+    """Ask the peer on the other end to open fresh connections to `addrs`; returns those that worked."""
+    await write_msg(stream, {"t": "dialback", "addrs": addrs})
+    reply = await read_msg(stream, 64 * 1024)
+    if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(reply.get("reachable"), list):
+        raise PeerUnreachableError(f"{stream.remote_peer} did not answer the dial-back request")
+    return [a for a in reply["reachable"] if isinstance(a, str)]
+
+
 async def request_circuit(stream: Stream, target: PeerId) -> None:
     """Ask the relay to connect `stream` to `target`; raises PeerUnreachableError if it cannot."""
     await write_msg(stream, {"t": "connect", "to": target})
@@ -220,8 +232,31 @@ class RelayService:
             await write_msg(stream, {"ok": True})
             self.relayed_in += 1
             await self.host.accept_relayed(stream, str(msg.get("from", "")))
+        elif kind == "dialback":
+            await write_msg(stream, {"ok": True, "reachable": await self._dial_back(msg.get("addrs"))})
         else:
             await write_msg(stream, {"ok": False, "error": f"unknown relay message {kind!r}"})
+
+    async def _dial_back(self, addrs: Any) -> list[str]:
+        """Which of `addrs` accept a new TCP connection from here (the asker learns if it is reachable)."""
+        if not isinstance(addrs, list):
+            return []
+
+        async def accepts(addr: str) -> bool:
+            try:
+                host, port, _ = parse_addr(addr)
+                async with asyncio.timeout(DIAL_BACK_TIMEOUT):
+                    _, writer = await asyncio.open_connection(host, port)
+            except (OSError, ValueError, TimeoutError):
+                return False
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return True
+
+        candidates = [a for a in addrs[:8] if isinstance(a, str) and not is_circuit(a)]
+        results = await asyncio.gather(*(accepts(a) for a in candidates))
+        return [a for a, ok in zip(candidates, results, strict=True) if ok]
 
     async def _reserve(self, stream: Stream) -> None:
         peer = stream.remote_peer

@@ -57,10 +57,10 @@ class NodeConfig:
         metadata={"help": "Largest tunnelled request this node accepts for its engine."},
     )
     reachability: str = field(
-        default="public",
+        default="auto",
         metadata={
-            "help": "`public` (peers can dial us) or `private` (outbound only: reach us through relay slots "
-            "reserved on the bootstrap peers)."
+            "help": "`public` (peers can dial us), `private` (outbound only: reached through relay slots "
+            "reserved on the bootstrap peers) or `auto` (a bootstrap peer dials us back; private if it cannot)."
         },
     )
     trace_dir: str = field(

@@ -103,6 +103,7 @@ class NodeAgent:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._failures: dict[str, int] = {}
         self._closers: list[Any] = []
+        self._found_private = False
 
     def __repr__(self) -> str:
         state = self.registry.local.lifecycle.name if self.registry else "new"
@@ -151,7 +152,7 @@ class NodeAgent:
             version=1,
             # A private node has nothing to advertise until it holds relay slots.
             addrs=()
-            if self.private
+            if self.node_config.reachability == "private"
             else advertised_addrs(self.host.listen_addrs, self.node_config.advertise),
             relays=(),
             roles=roles,
@@ -213,13 +214,34 @@ class NodeAgent:
         assert self.host is not None
         peers = await self.host.bootstrap(list(self.node_config.bootstrap))
         logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
+        if self.node_config.reachability == "auto" and peers:
+            await self._detect_reachability(peers)
         if self.private:
             await self._reserve_relays()
 
     @property
     def private(self) -> bool:
         """Whether this node accepts no inbound connections and must be reached through relays."""
-        return self.node_config.reachability == "private"
+        return self.node_config.reachability == "private" or self._found_private
+
+    async def _detect_reachability(self, peers: list[PeerId]) -> None:
+        """Ask a bootstrap peer to dial our advertised addresses; if none answers, behave as a private node."""
+        assert self.host is not None and self.registry is not None
+        addrs = list(self.registry.local.addrs)
+        for peer in peers:
+            try:
+                reachable = await self.host.check_reachable(peer, addrs)
+            except OpenTelaError as exc:
+                logger.info("reachability check through %s failed: %s", peer[-8:], exc)
+                continue
+            if reachable:
+                logger.info("reachable from outside", extra={"addrs": ",".join(reachable)})
+                if set(reachable) != set(addrs):
+                    self.registry.update_local(addrs=tuple(a for a in addrs if a in reachable))
+            else:
+                logger.warning("no inbound connection reaches this node: switching to relays")
+                self._found_private = True
+            return
 
     async def _reserve_relays(self) -> None:
         """Hold relay slots on the bootstrap peers and advertise circuit addresses instead of our own."""

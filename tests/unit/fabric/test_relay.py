@@ -76,3 +76,11 @@ async def test_direct_address_is_preferred_and_relay_is_the_fallback(trio: tuple
     await stream.write(b"abc")
     await stream.write_eof()
     assert await stream.read() == b"abc"
+
+
+async def test_dial_back_tells_which_addresses_accept_connections(trio: tuple[Host, Host, Host]) -> None:
+    relay, _, dialer = trio
+    await dialer.connect(relay.listen_addrs[0])
+    closed = "127.0.0.1:9"
+    reachable = await dialer.check_reachable(relay.peer_id, [dialer.listen_addrs[0], closed, "not-an-address"])
+    assert reachable == [dialer.listen_addrs[0]]
