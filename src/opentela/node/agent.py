@@ -14,9 +14,10 @@ from typing import Any
 
 from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec
-from opentela.errors import EngineCrashedError, OpenTelaError, UpstreamTimeout
+from opentela.errors import ConfigError, EngineCrashedError, OpenTelaError, UpstreamTimeout
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.addresses import format_addr, parse_addr
+from opentela.fabric.admission import admission_from_config
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
@@ -88,7 +89,14 @@ class NodeAgent:
         self.registry_config = registry or RegistryConfig()
         self.engine = engine
         self.session_id = uuid.uuid4().hex
-        self.provider_id = node.provider_id or default_provider_id()
+        self.admission = admission_from_config(self.fabric_config, identity)
+        # In a closed network the join token names the provider; a different --provider-id would be refused.
+        token_provider = self.admission.provider_id
+        if token_provider and node.provider_id and node.provider_id != token_provider:
+            raise ConfigError(
+                f"the join token is for provider {token_provider!r}, not --provider-id {node.provider_id!r}"
+            )
+        self.provider_id = node.provider_id or token_provider or default_provider_id()
         self.log_dir = log_dir
         self.engine_log: Path | None = None
         self.host: Host | None = None
@@ -140,7 +148,9 @@ class NodeAgent:
 
     async def start(self) -> None:
         """Listen, register JOIN with our hardware, start gossip and liveness, bootstrap, launch the engine."""
-        self.host = await Host.create(self.identity, self.node_config.listen, config=self.fabric_config)
+        self.host = await Host.create(
+            self.identity, self.node_config.listen, config=self.fabric_config, admission=self.admission
+        )
         hardware = await asyncio.to_thread(probe_hardware)
         roles = ("ingress",) if self.node_config.role == "ingress" else ("worker",)
         now = time.time()
@@ -164,7 +174,7 @@ class NodeAgent:
             reason="",
             signature=b"",
         ).signed(self.identity)
-        self.registry = Registry(self.identity, first, config=self.registry_config)
+        self.registry = Registry(self.identity, first, config=self.registry_config, admission=self.admission)
         self.membership = Membership(self.host, self.registry, config=self.registry_config)
         self.gossip = Gossip(self.host, self.registry, self.membership, config=self.registry_config)
         if self.node_config.trace_dir:
@@ -396,6 +406,11 @@ class NodeAgent:
             "gossip": self.gossip.stats(),
             "proxy": {"in_flight": self.proxy.in_flight, "served": self.proxy.served},
             "relay": self.host.relay.stats() if self.host is not None else {},
+            "admission": {
+                "network_id": self.admission.network_id or "open",
+                "refused_peers": self.host.refused_not_member if self.host is not None else 0,
+                "rejected_records": self.registry.counters["rejected_not_member"],
+            },
             "failures_by_session": dict(self._failures),
         }
 

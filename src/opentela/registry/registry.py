@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentela._types import SessionId
+from opentela._types import PeerId, SessionId
+from opentela.errors import AdmissionError
+from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity
 from opentela.registry._config import RegistryConfig
 from opentela.registry.crdt import Digest, GMap
@@ -24,17 +27,25 @@ class Registry:
     """A full local replica of the mesh's registry; every read is local."""
 
     def __init__(
-        self, identity: Identity, local: NodeRecord, *, config: RegistryConfig | None = None
+        self,
+        identity: Identity,
+        local: NodeRecord,
+        *,
+        config: RegistryConfig | None = None,
+        admission: Admission | None = None,
     ) -> None:
         if local.peer_id != identity.peer_id:
             raise ValueError("the local record must belong to this identity")
         self.identity = identity
         self.config = config or RegistryConfig()
+        self.admission = admission or Admission.open()
         self.map = GMap()
         self.views = RegistryViews()
         self._listeners: list[ChangeListener] = []
         self.counters: Counter[str] = Counter()
         self.session_id = local.session_id
+        if local.membership != self.admission.proof:
+            local = dataclasses.replace(local, membership=self.admission.proof)  # re-signed just below
         self._apply(local if local.verify() else local.signed(identity), local=True)
 
     def __repr__(self) -> str:
@@ -88,12 +99,37 @@ class Registry:
                     },
                 )
                 continue
+            refusal = self._not_member(record)
+            if refusal is not None:
+                self.counters["rejected_not_member"] += 1
+                logger.warning(
+                    "dropped a record from a non-member: %s",
+                    refusal,
+                    extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
+                )
+                continue
             if self._apply(record, local=False):
                 changed.append(record)
                 self.counters["applied"] += 1
             else:
                 self.counters["stale"] += 1
         return changed
+
+    def _not_member(self, record: NodeRecord) -> str | None:
+        """Why a closed network keeps `record` out of the replica (None: it may enter)."""
+        if not self.admission.is_closed:
+            return None
+        try:
+            self.admission.check(record.membership, record.peer_id, provider_id=record.provider_id)
+        except AdmissionError as exc:
+            return exc.message
+        if record.signer != record.peer_id and not self._is_member(record.signer):
+            return f"an eviction signed by {record.signer}, who is not a known member"
+        return None
+
+    def _is_member(self, peer_id: PeerId) -> bool:
+        # Every record in the replica passed admission, so a peer with one is a member (evictions are rare).
+        return peer_id == self.identity.peer_id or any(r.peer_id == peer_id for r in self.map.values())
 
     def apply_wire(self, objs: Iterable[Any]) -> list[NodeRecord]:
         """Parse untrusted wire records, dropping malformed ones, then `apply_remote`."""
