@@ -28,6 +28,9 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
         "auto (default): a bootstrap peer dials us back, and we go private if it cannot",
     )
     p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
+    p.add_argument("--join-token", metavar="TOKEN", help="join token of a closed network (see otela network)")
+    p.add_argument("--join-token-file", metavar="FILE", help="file holding the join token")
+    p.add_argument("--network-id", metavar="ID", help="closed network this node must belong to (otn_...)")
     p.add_argument(
         "--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)"
     )
@@ -85,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
     simulated.add_simulated_arguments(sim)
 
+    from opentela.netadmin import add_network_parser
+
+    add_network_parser(sub)
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
@@ -116,11 +122,12 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         node["advertise"] = tuple(args.advertise)
     if args.ingress or args.role:
         node["role"] = "ingress" if args.ingress else args.role
+    fabric = {k: v for k in ("join_token", "join_token_file", "network_id") if (v := getattr(args, k))}
     if args.http:
         gateway["http"] = args.http
     if args.max_body_bytes is not None:
         gateway["max_body_bytes"] = args.max_body_bytes
-    return {"node": node, "gateway": gateway}
+    return {"node": node, "gateway": gateway, "fabric": fabric}
 
 
 def _engine_command(args: argparse.Namespace) -> list[str]:
@@ -181,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             setup_logging("WARNING")
             return _run(run_demo(args))
+        if args.cmd == "network":
+            from opentela.netadmin import run_network
+
+            return run_network(args)
         if args.cmd == "status":
             from opentela.status import print_status
 

@@ -72,7 +72,7 @@ class FabricConfig:
     network_id: str = field(
         default="",
         metadata={
-            "help": "Closed network this node must belong to (otn...); the join token must be for it. "
+            "help": "Closed network this node must belong to (otn_...); the join token must be for it. "
             "Optional: the token names its network."
         },
     )

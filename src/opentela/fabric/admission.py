@@ -28,7 +28,7 @@ from opentela.errors import AdmissionError, ConfigError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.identity import Identity, _b58decode, _b58encode, public_key_from_peer_id
 
-NETWORK_PREFIX = "otn"
+NETWORK_PREFIX = "otn_"
 TOKEN_PREFIX = "otjoin1_"
 GRANT_VERSION = 1
 GRANT_DOMAIN = b"opentela/grant/v1\x00"

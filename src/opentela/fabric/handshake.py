@@ -100,13 +100,17 @@ def encode_client_hello(
 
 
 async def read_client_hello(channel: HandshakeChannel) -> tuple[bytes, bytes, int, bytes, str]:
-    """(public key, signature, status, proof, reason) of the next ClientHello."""
+    """(public key, signature, status, proof, reason) of the next ClientHello; a bad one is refused with a Verdict."""
     magic, version, public_key, signature, status, proof_len, reason_len = CLIENT_HELLO.unpack(
         await channel.recv_exactly(CLIENT_HELLO.size)
     )
-    _check_version(magic, version, "client")
-    if proof_len > MAX_PROOF or reason_len > MAX_REASON:
-        raise HandshakeError("the client's hello is oversized")
+    try:
+        _check_version(magic, version, "client")
+        if proof_len > MAX_PROOF or reason_len > MAX_REASON:
+            raise HandshakeError("the client's hello is oversized")
+    except HandshakeError as exc:
+        channel.send(encode_verdict(REJECTED, exc.message))
+        raise
     proof = await channel.recv_exactly(proof_len) if proof_len else b""
     reason = (await channel.recv_exactly(reason_len)).decode(errors="replace") if reason_len else ""
     return public_key, signature, status, proof, reason
