@@ -365,7 +365,8 @@ class Host:
                 if exc.details.get("timeout"):
                     errors.append(DialTimeout(f"handshake with {format_addr(host, port)} timed out"))
                     break
-                logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
+                if not isinstance(exc, AdmissionError):  # _finish_dial logged that one already
+                    logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
                 errors.append(exc)
                 if exc.details.get("self_dial") or isinstance(exc, AdmissionError):
                     break
@@ -424,6 +425,8 @@ class Host:
                 async with asyncio.timeout(timeout):
                     await self._dial_relayed(peer_id, relay_of(circuit), self._loop.time() + timeout)
                 return
+            except AdmissionError:
+                raise  # the peer itself answered, end to end: another relay would hear the same
             except (OpenTelaError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 errors.append(f"{circuit}: {exc or 'timeout'}")
         raise PeerUnreachableError(f"no relay could reach {peer_id}: {'; '.join(errors)}", peer_id=peer_id)
