@@ -296,6 +296,8 @@ class Admission:
         self.revoked = revoked
         # Verified (proof, node key) pairs: gossip re-delivers the same proofs with every record version.
         self._verified: dict[tuple[bytes, bytes], Grant] = {}
+        # Verified grants: the many nodes of one provider share one, so a new node costs one signature check.
+        self._grants: set[bytes] = set()
 
     def __repr__(self) -> str:
         return f"<Admission {'closed ' + self.network_id if self.network_id else 'open'}>"
@@ -344,13 +346,16 @@ class Admission:
                 raise AdmissionError(
                     f"{peer_id} is a member of network {grant.network_id}, not {self.network_id}"
                 )
-            if not grant.verify():
+            grant_bytes = grant.encode()
+            if grant_bytes not in self._grants and not grant.verify():
                 raise AdmissionError(f"{peer_id} presented a grant not signed by network {self.network_id}")
             if not member.binds(node_key):
                 raise AdmissionError(f"{peer_id} presented a membership proof made for another node")
             if len(self._verified) >= self._CACHE_LIMIT:
                 self._verified.clear()
+                self._grants.clear()
             self._verified[(proof, node_key)] = grant
+            self._grants.add(grant_bytes)
         now = time.time() if now is None else now
         if grant.expired(now):
             raise AdmissionError(f"the join token of {peer_id} expired at {_iso(grant.expires_at)}")

@@ -130,6 +130,9 @@ def test_verified_proofs_are_cached_but_expiry_is_checked_every_time() -> None:
     assert judge.check(adm.proof, peer.peer_id) is not None
     with pytest.raises(AdmissionError, match="expired"):
         judge.check(adm.proof, peer.peer_id, now=time.time() + 120)
+    # The grant is known now, yet another node showing the same proof is still caught.
+    with pytest.raises(AdmissionError, match="made for another node"):
+        judge.check(adm.proof, Identity.generate().peer_id)
 
 
 def test_the_network_key_file_is_private_and_never_overwritten(tmp_path: Path) -> None:
