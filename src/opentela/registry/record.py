@@ -126,7 +126,8 @@ class NodeRecord:
         out = self.to_wire()
         out["lifecycle"] = self.lifecycle.name
         out["signature"] = self.signature.hex()
-        out["membership"] = self.membership.hex()
+        if self.membership:
+            out["membership"] = self.membership.hex()
         return out
 
     def signing_payload(self) -> bytes:
