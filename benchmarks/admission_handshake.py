@@ -34,10 +34,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import NameOID
 
 from opentela.fabric._config import FabricConfig
-from opentela.fabric.admission import Admission, JoinToken
+from opentela.fabric.admission import Admission
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.fabric.tls import TlsMaterial, TlsSession
+from opentela.fabric.tokens import JoinToken
 
 
 def summary(samples: list[float]) -> dict[str, float]:

@@ -12,10 +12,11 @@ import pytest
 
 from opentela._types import PROTO_GOSSIP, Lifecycle
 from opentela.errors import AdmissionError
-from opentela.fabric.admission import Admission, JoinToken
+from opentela.fabric.admission import Admission
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.fabric.messages import write_msg
+from opentela.fabric.tokens import JoinToken
 from opentela.localmesh import OTELA, LocalMesh
 from opentela.registry.record import ModelEntry, NodeRecord
 

@@ -2,7 +2,7 @@
 
 The TLS server proves its key through TLS itself (its certificate carries the Ed25519 key; the client checks it
 against the peer id it expected). The client proves its key inside the encrypted channel. In a closed network
-each side also shows its membership proof (fabric/admission.py) and checks the other's:
+each side also shows its membership proof (fabric/tokens.py) and checks the other's (admission.py):
 
     server -> client  ServerHello  "OTLA" | version u8 | nonce (32) | proof length u16 | proof
     client -> server  ClientHello  "OTLA" | version u8 | Ed25519 public key (32) | signature (64)
@@ -22,9 +22,10 @@ from typing import Protocol
 
 from opentela._types import PeerId
 from opentela.errors import AdmissionError, HandshakeError
-from opentela.fabric.admission import Admission, Grant
+from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity, peer_id_from_public_key, verify_signature
 from opentela.fabric.tls import fingerprint, peer_id_from_certificate
+from opentela.fabric.tokens import Grant
 
 MAGIC = b"OTLA"
 VERSION = 2

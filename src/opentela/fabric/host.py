@@ -21,7 +21,7 @@ from opentela.errors import (
 from opentela.fabric._config import FabricConfig
 from opentela.fabric._frames import ErrorCode
 from opentela.fabric.addresses import format_addr, parse_addr
-from opentela.fabric.admission import Admission, Grant, admission_from_config
+from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
@@ -37,6 +37,7 @@ from opentela.fabric.relay import (
 )
 from opentela.fabric.stream import MuxStream
 from opentela.fabric.tls import TlsMaterial
+from opentela.fabric.tokens import Grant
 
 logger = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ class NodeRecord:
     signer: PeerId = ""
     reason: str = ""
     signature: bytes = b""
-    membership: bytes = b""  # the owner's membership proof in a closed network (fabric/admission.py)
+    membership: bytes = b""  # the owner's membership proof in a closed network (fabric/tokens.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lifecycle", Lifecycle(self.lifecycle))

@@ -12,17 +12,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from opentela.errors import AdmissionError, ConfigError
 from opentela.fabric._config import FabricConfig
-from opentela.fabric.admission import (
-    Admission,
+from opentela.fabric.admission import Admission, admission_from_config
+from opentela.fabric.identity import Identity, _b58encode
+from opentela.fabric.tokens import (
     JoinToken,
     MembershipProof,
-    admission_from_config,
     create_network_key,
     load_network_key,
     network_id_of,
     network_key_of,
 )
-from opentela.fabric.identity import Identity
 
 NET = Ed25519PrivateKey.generate()
 OTHER_NET = Ed25519PrivateKey.generate()
@@ -54,7 +53,8 @@ def test_network_ids_are_self_certifying() -> None:
     nid = network_id()
     assert nid.startswith("otn_")
     assert network_key_of(nid) == NET.public_key().public_bytes_raw()
-    for bad in ("otn_", "12D3KooWabc", nid + "1", "otn_0OIl", "otn_" + "1" * 44):
+    too_short = "otn_" + _b58encode(b"\xff" * 31)
+    for bad in ("otn_", "12D3KooWabc", nid[4:], "otn_0OIl", "otn_" + "1" * 44, "otn_" + "z" * 50, too_short):
         with pytest.raises(ValueError):
             network_key_of(bad)
 
