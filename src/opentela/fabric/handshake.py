@@ -151,7 +151,7 @@ async def server_handshake(
     if status != ACCEPTED:
         # The client judged our membership and refused it: nothing more to say to it.
         peer = peer_id_from_public_key(public_key)
-        raise AdmissionError(f"peer {peer} refused us: {reason or 'no reason given'}")
+        raise AdmissionError(f"peer {peer} refused us: {reason or 'no reason given'}", by_peer=True)
     try:
         peer_id = verify_client_key(public_key, signature, certificate, nonce)
         if peer_id == local:
@@ -193,7 +193,7 @@ async def client_handshake(
     status, length = VERDICT.unpack(await channel.recv_exactly(VERDICT.size))
     reason = (await channel.recv_exactly(length)).decode(errors="replace") if length else ""
     if status == NOT_ADMITTED:
-        raise AdmissionError(f"peer {server} did not admit us: {reason or 'no reason given'}")
+        raise AdmissionError(f"peer {server} did not admit us: {reason or 'no reason given'}", by_peer=True)
     if status != ACCEPTED:
         raise HandshakeError(f"the peer refused our identity: {reason or 'no reason given'}")
     return grant

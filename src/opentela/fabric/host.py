@@ -304,7 +304,11 @@ class Host:
                 )
         except AdmissionError as exc:
             self.refused_not_member += 1
-            logger.warning("refused inbound peer from %s: %s", conn.get_extra_info("peername"), exc)
+            where = conn.get_extra_info("peername")
+            if exc.details.get("by_peer"):
+                logger.warning("inbound connection from %s ended: %s", where, exc)
+            else:
+                logger.warning("refused inbound peer from %s: %s", where, exc)
             conn.close(ErrorCode.PROTOCOL_ERROR, "not admitted")
             return
         except (HandshakeError, TimeoutError, OSError) as exc:
@@ -411,7 +415,10 @@ class Host:
                 )
         except AdmissionError as exc:
             self.refused_not_member += 1
-            logger.warning("not connected to %s: %s", peer_id, exc)
+            if exc.details.get("by_peer"):
+                logger.warning("not connected to %s: %s", peer_id, exc)
+            else:
+                logger.warning("refused to connect to %s: %s", peer_id, exc)
             raise
         conn.start(peer_id)
         self._register(conn, grant)
