@@ -46,6 +46,7 @@ _Target = tuple[str, int, PeerId | None]
 
 _STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
 _CLOSE_TIMEOUT = 2.0
+_NEVER = 10 * 365 * 86400.0  # token expiries further away than this are not worth a timer (nor its overflow)
 
 
 class Host:
@@ -550,10 +551,10 @@ class Host:
         if self._closed:
             conn.close(ErrorCode.NO_ERROR, "host shutting down")
             return
-        if grant is not None and grant.expires_at:
+        delay = grant.expires_at - time.time() if grant is not None and grant.expires_at else _NEVER
+        if delay < _NEVER:
             # Membership ends with the token: the connection does too (a renewed token means a new connection).
-            delay = max(0.0, grant.expires_at - time.time())
-            self._expiry[conn] = self._loop.call_later(delay, self._membership_expired, conn)
+            self._expiry[conn] = self._loop.call_later(max(0.0, delay), self._membership_expired, conn)
         old = self._conns.get(peer_id)
         if old is not None and old.usable:
             if not self._keep_new(conn, old):
