@@ -8,7 +8,7 @@ irreversible act, eviction, is the driver writing a LEFT record once `due_evicti
 Precedence of news about one session (SWIM, section 4.2 of the paper): the greater (incarnation, status) wins,
 with SUSPECT > ALIVE at equal incarnation. So a suspicion overrides an alive claim of the same incarnation, and only
 the suspected node itself, by raising its incarnation, can override a suspicion. Taking the maximum makes the order
-in which news arrives irrelevant (`tests/property/test_swim.py`).
+in which news arrives irrelevant (`tests/property/test_swim_laws.py`).
 """
 
 from __future__ import annotations
