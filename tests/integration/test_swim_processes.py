@@ -148,3 +148,39 @@ async def test_node_resumed_after_eviction_rejoins_under_a_new_session(quick_evi
     assert rows == {before["session_id"]: "LEFT", fresh["session_id"]: "SERVING"}
     assert worker.exited() is None
     assert "rejoined under a new session" in worker.log_text()
+
+
+async def test_evicted_record_leaves_the_table_after_retention_then_is_compacted(tmp_path: Path) -> None:
+    retention = {
+        "OTELA_REGISTRY_LEFT_RETENTION": "3",
+        "OTELA_REGISTRY_TOMBSTONE_RETENTION": "8",
+        "OTELA_REGISTRY_REFRESH_INTERVAL": "2",
+        "OTELA_REGISTRY_GC_INTERVAL": "0.5",
+    }
+    env = {**os.environ, **PROBING, **retention, "OTELA_REGISTRY_SUSPICION_TIMEOUT": "1"}
+    async with LocalMesh(tmp_path, env=env) as mesh:
+        await mesh.start_ingress()
+        await mesh.add_worker("worker-a", SIM, provider="lab-a")
+        await mesh.add_worker("worker-b", SIM, provider="lab-b")
+        await mesh.wait_serving("sim", 2, timeout=90)
+        assert len(await sessions_of(mesh, "lab-b")) == 1
+        mesh.nodes["worker-b"].signal(signal.SIGKILL, group=True)
+
+        async def evicted() -> bool:
+            return [r["lifecycle"] for r in await sessions_of(mesh, "lab-b")] == ["LEFT"]
+
+        await mesh.wait_for(evicted, timeout=30, what="lab-b evicted")
+
+        async def hidden() -> bool:
+            return await sessions_of(mesh, "lab-b") == []
+
+        await mesh.wait_for(hidden, timeout=30, what="the LEFT record to leave the table")
+
+        async def compacted() -> bool:
+            stats = await mesh.get_json("/dnt/stats") or {}
+            return stats.get("registry", {}).get("compacted", 0) >= 1
+
+        await mesh.wait_for(compacted, timeout=30, what="the tombstone to be compacted")
+        # Live nodes re-sign their records, so none of them expires meanwhile.
+        assert {r["provider_id"] for r in await mesh.get_json("/dnt/table")} == {"ingress", "lab-a"}
+        assert (await replica(mesh, "lab-a"))["state"] == "SERVING"

@@ -123,10 +123,14 @@ class Membership:
 
     # --- verdicts -----------------------------------------------------------------------------------------
     def is_suspected(self, peer: PeerId) -> bool:
-        """Whether routing should avoid `peer`: a suspected session of it, or a transport failure not yet cleared."""
+        """Whether routing should avoid `peer`: a transport failure not yet cleared, or only suspected sessions.
+
+        A peer that restarted under the same key has its old session suspected and its new one alive: it is not.
+        """
         if peer in self.unreachable:
             return True
-        return any(m.peer == peer for m in self.swim.suspected())
+        statuses = {m.status for m in self.swim.members.values() if m.peer == peer}
+        return statuses == {Status.SUSPECT}
 
     def is_excluded(self, record: NodeRecord) -> bool:
         """Whether routing should avoid this session."""
@@ -341,7 +345,9 @@ class Membership:
                     "connected": member.peer in connected,
                     "suspected": member.status is Status.SUSPECT or member.peer in self.unreachable,
                     "incarnation": member.incarnation,
-                    "suspected_for_s": round(now - member.suspected_at, 3) if member.suspected_at else None,
+                    "suspected_for_s": round(now - member.suspected_at, 3)
+                    if member.suspected_at is not None
+                    else None,
                     "witnessed": member.witnessed,
                     "reason": self.unreachable.get(member.peer)
                     or ("probes failed" if member.status is Status.SUSPECT else None),
