@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgpack
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -77,3 +78,22 @@ def test_a_refutation_overrides_the_suspicion_everywhere(incarnation: int) -> No
     observer.apply(refutation, now=1.0)
     assert not observer.is_suspected("a")
     assert not observer.apply(suspicion, now=2.0), "the old suspicion cannot come back"
+
+
+@given(
+    st.builds(
+        Update, st.sampled_from(list(Status)), st.text(min_size=1, max_size=128), st.integers(0, 2**62 - 1)
+    )
+)
+def test_updates_round_trip_through_msgpack(update: Update) -> None:
+    assert Update.from_wire(msgpack.unpackb(msgpack.packb(update.to_wire()))) == update
+
+
+@given(
+    st.one_of(st.none(), st.integers(), st.text(), st.lists(st.one_of(st.integers(), st.text(), st.none())))
+)
+def test_arbitrary_input_parses_or_raises_value_error(obj: object) -> None:
+    try:
+        Update.from_wire(obj)
+    except ValueError:
+        pass

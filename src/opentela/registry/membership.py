@@ -70,6 +70,7 @@ class Membership:
             "suspicions": 0,
             "refutations": 0,
             "evictions": 0,
+            "evictions_held": 0,
         }
 
     def __repr__(self) -> str:
@@ -164,7 +165,13 @@ class Membership:
         for peer in [p for p in self.unreachable if p not in known]:
             del self.unreachable[peer]
         written = []
-        for member in self.swim.due_evictions(self.clock()):
+        now = self.clock()
+        for member in self.swim.due_evictions(now):
+            if not self._in_touch(member.peer, now):
+                # We hear from nobody else either: we may be the one cut off, and evicting the whole mesh from
+                # here would force every node to rejoin once we are back. Routing avoids the session meanwhile.
+                self.counters["evictions_held"] += 1
+                continue
             reason = f"no answer to any probe for {self.config.suspicion_timeout:g} s (SWIM)"
             record = self.registry.evict(member.session, reason)
             self.swim.remove(member.session)
@@ -173,6 +180,12 @@ class Membership:
                 written.append(record)
         return written
 
+    def _in_touch(self, suspect: PeerId, now: float) -> bool:
+        """Whether some other node answered us within the grace period (or there is no other node to ask)."""
+        others = {m.peer for m in self.swim.members.values()} - {suspect}
+        horizon = now - self.config.suspicion_timeout
+        return not others or any(self.last_seen.get(p, -1e300) >= horizon for p in others)
+
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.probe_interval * (0.9 + 0.2 * self._rng.random()))
@@ -180,15 +193,19 @@ class Membership:
             target = self.swim.next_target()
             # Suspected sessions get a direct ping every period as well, so one that was only slow refutes
             # promptly once it runs again.
-            pings = [m for m in self.swim.suspected() if m is not target and m.session not in self._probing]
-            jobs = [self._ping_only(m) for m in pings]
+            # Probes run as tasks, so a slow one (up to probe_timeout + indirect_timeout) does not stretch the period.
+            for member in self.swim.suspected():
+                if member is not target and member.session not in self._probing:
+                    self._spawn(self._ping_only(member), "swim-ping")
             if target is not None and target.session not in self._probing:
-                jobs.append(self.probe(target))
-            if jobs:
-                await asyncio.gather(*jobs)
+                self._spawn(self.probe(target), "swim-probe")
 
     async def _ping_only(self, member: Member) -> None:
-        answer = await self.call_ping(member)
+        self._probing.add(member.session)
+        try:
+            answer = await self.call_ping(member)
+        finally:
+            self._probing.discard(member.session)
         if answer is not None and answer >= 0:
             self.swim.acked(member.session, answer, self.clock())
 

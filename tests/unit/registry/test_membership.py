@@ -134,3 +134,39 @@ async def test_forged_records_pushed_over_gossip_never_reach_any_view() -> None:
 def _rejected(node: Node) -> int:
     stats = node.registry.stats()
     return stats.get("rejected_bad_signature", 0) + stats.get("rejected_non_member", 0)
+
+
+async def test_a_node_that_hears_from_nobody_does_not_evict_anyone() -> None:
+    async with swarm(3, FAST) as nodes:
+        await until(lambda: converged(nodes))
+        alone, *gone = nodes
+        sessions = [n.registry.session_id for n in gone]
+        for node in gone:
+            await node.aclose()
+        await until(lambda: all(alone.membership.swim.is_suspected(s) for s in sessions), timeout=10)
+        await until(lambda: alone.membership.stats()["evictions_held"] >= 2, timeout=10)
+        assert all(alone.registry.get(s).lifecycle is Lifecycle.JOIN for s in sessions)
+        assert all(alone.membership.is_suspected(n.host.peer_id) for n in gone), "still out of routing"
+
+
+async def test_junk_on_the_probe_protocol_is_ignored() -> None:
+    async with swarm(2, FAST) as nodes:
+        await until(lambda: converged(nodes))
+        a, b = nodes
+        await until(lambda: a.registry.session_id in b.membership.swim.members)
+        await until(lambda: b.registry.session_id in a.membership.swim.members)
+        for junk in (
+            ["x"],
+            {"u": [[9, "s", 1], "junk", [1, "", 0]]},
+            {"r": 5},
+            {"p": b.registry.session_id, "u": 3},
+        ):
+            stream = await a.host.open_stream(b.host.peer_id, PROTO_PROBE)
+            await write_msg(stream, junk)
+            await stream.write_eof()
+            await stream.read()
+            await stream.aclose()
+        assert b.membership.swim.incarnation == 0
+        member = b.membership.swim.members[a.registry.session_id]
+        assert await a.membership.call_ping(a.membership.swim.members[b.registry.session_id]) == 0
+        assert member.status.name == "ALIVE"
