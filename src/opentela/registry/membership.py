@@ -192,8 +192,8 @@ class Membership:
             self.tick()
             target = self.swim.next_target()
             # Suspected sessions get a direct ping every period as well, so one that was only slow refutes
-            # promptly once it runs again.
-            # Probes run as tasks, so a slow one (up to probe_timeout + indirect_timeout) does not stretch the period.
+            # promptly once it runs again. Probes run as tasks: a failing one (probe_timeout + indirect_timeout)
+            # does not stretch the period.
             for member in self.swim.suspected():
                 if member is not target and member.session not in self._probing:
                     self._spawn(self._ping_only(member), "swim-ping")
@@ -373,7 +373,20 @@ class Membership:
             )
         watched = {m.peer for m in self.swim.members.values()}
         for peer in sorted(connected - watched - {self.host.peer_id}):
-            out.append({"peer_id": peer, "session_id": None, "connected": True, "suspected": False})
+            seen = self.last_seen.get(peer)
+            out.append(
+                {
+                    "peer_id": peer,
+                    "session_id": None,
+                    "connected": True,
+                    "suspected": False,
+                    "incarnation": None,
+                    "suspected_for_s": None,
+                    "witnessed": False,
+                    "reason": None,
+                    "last_seen_s_ago": round(now - seen, 3) if seen is not None else None,
+                }
+            )
         return out
 
     def stats(self) -> dict[str, Any]:
