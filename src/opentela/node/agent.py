@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import getpass
 import logging
 import socket
@@ -28,6 +29,7 @@ from opentela.node.http_service import LocalEngineProxy
 from opentela.node.supervisor import EngineSupervisor
 from opentela.registry._config import RegistryConfig
 from opentela.registry.gossip import Gossip
+from opentela.registry.housekeeping import Housekeeping
 from opentela.registry.membership import Membership
 from opentela.registry.record import ModelEntry, NodeRecord
 from opentela.registry.registry import Registry
@@ -103,6 +105,7 @@ class NodeAgent:
         self.registry: Registry | None = None
         self.gossip: Gossip | None = None
         self.membership: Membership | None = None
+        self.housekeeping: Housekeeping | None = None
         self.supervisor: EngineSupervisor | None = None
         self.proxy = LocalEngineProxy(self._engine_url, max_body=node.max_body_bytes)
         self.exit_code: int | None = None
@@ -177,11 +180,20 @@ class NodeAgent:
         self.registry = Registry(self.identity, first, config=self.registry_config, admission=self.admission)
         self.membership = Membership(self.host, self.registry, config=self.registry_config)
         self.gossip = Gossip(self.host, self.registry, self.membership, config=self.registry_config)
+        self.housekeeping = Housekeeping(
+            self.registry, config=self.registry_config, on_expired=lambda: self._rejoin("record expired")
+        )
+        self.registry.on_evicted(
+            lambda before, eviction: asyncio.get_running_loop().call_soon(
+                self._rejoin, f"evicted by {eviction.signer[-8:]}: {eviction.reason}"
+            )
+        )
         if self.node_config.trace_dir:
             self._trace_applies(Path(self.node_config.trace_dir))
         self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream)
         await self.membership.start()
         await self.gossip.start()
+        await self.housekeeping.start()
         logger.info(
             "node joined as JOIN",
             extra={"peer_id": self.peer_id, "session": self.session_id, "addrs": ",".join(first.addrs)},
@@ -193,6 +205,38 @@ class NodeAgent:
             log_dir.mkdir(parents=True, exist_ok=True)
             self.engine_log = log_dir / f"engine-{self.session_id[:12]}.log"
             self._spawn(self._run_engine(), "engine")
+
+    def _rejoin(self, why: str) -> None:
+        """Our session is gone from the mesh (evicted, or expired): carry on under a fresh session id."""
+        assert self.registry is not None and self.membership is not None
+        if self._stop.is_set():
+            return
+        before = self._last_own_record()
+        if before.lifecycle > Lifecycle.SERVING:
+            return
+        now = time.time()
+        session = uuid.uuid4().hex
+        record = dataclasses.replace(
+            before, session_id=session, version=1, started_at=now, updated_at=now, reason=""
+        ).signed(self.identity)
+        old = self.session_id
+        self.session_id = session
+        self.membership.restart(session)
+        self.registry.start_session(record)
+        logger.warning(
+            "rejoined under a new session",
+            extra={
+                "old_session": old[:12],
+                "session": session[:12],
+                "why": why,
+                "state": record.lifecycle.name,
+            },
+        )
+
+    def _last_own_record(self) -> NodeRecord:
+        """Our own latest record: the eviction replaced it in the map, but we remember what we last wrote."""
+        assert self.registry is not None
+        return self.registry.last_own or self.registry.local
 
     def _trace_applies(self, directory: Path) -> None:
         """Record when each change reached this replica: the convergence benchmark reads these lines."""
@@ -335,6 +379,8 @@ class NodeAgent:
         if self.supervisor is not None:
             await self.supervisor.stop(timeout=self.node_config.stop_timeout)
         await self.proxy.aclose()
+        if self.housekeeping is not None:
+            await self.housekeeping.aclose()
         if self.gossip is not None:
             await self.gossip.aclose()
         if self.membership is not None:
@@ -348,8 +394,8 @@ class NodeAgent:
     def candidates(self, model: str) -> list[NodeRecord]:
         """SERVING replicas of `model` that are not suspected."""
         assert self.registry is not None and self.membership is not None
-        suspected = self.membership.is_suspected
-        return [r for r in self.registry.candidates(model) if not suspected(r.peer_id)]
+        excluded = self.membership.is_excluded
+        return [r for r in self.registry.candidates(model) if not excluded(r)]
 
     def model_replicas(self) -> dict[str, list[NodeRecord]]:
         """SERVING records per model."""
@@ -404,6 +450,7 @@ class NodeAgent:
         return {
             "registry": self.registry.stats(),
             "gossip": self.gossip.stats(),
+            "membership": self.membership.stats() if self.membership is not None else {},
             "proxy": {"in_flight": self.proxy.in_flight, "served": self.proxy.served},
             "relay": self.host.relay.stats() if self.host is not None else {},
             "admission": {

@@ -68,7 +68,9 @@ class NodeRecord:
     hardware: Mapping[str, Any] = field(default_factory=dict)
     models: tuple[ModelEntry, ...] = ()
     started_at: float = 0.0
-    updated_at: float = 0.0
+    updated_at: float = field(default_factory=time.time)
+    """When the signer wrote this version (its wall clock); replicas refuse records older than the compaction
+    window, so this is set on every write."""
     signer: PeerId = ""
     reason: str = ""
     signature: bytes = b""
