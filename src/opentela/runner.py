@@ -83,9 +83,13 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         sys.stderr.flush()
         return await agent.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        root.removeHandler(node_log)
-        if gateway is not None:
-            await gateway.aclose()
-        await agent.aclose()
+        # The handlers stay while the node leaves: a batch system often sends SIGTERM twice (to every process
+        # of the job, and through the job's shell), and the second must not cut the LEFT announcement short.
+        try:
+            if gateway is not None:
+                await gateway.aclose()
+            await agent.aclose()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            root.removeHandler(node_log)

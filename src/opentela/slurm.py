@@ -91,6 +91,11 @@ class SlurmJob:
             raise ConfigError(
                 f"--renew-before ({self.renew_before_s // 60} min) must be shorter than --time {self.time_limit}"
             )
+        if self.renew_before_s and "--key-file" in self.start_args:
+            raise ConfigError(
+                "--key-file with --renew: the successor would serve beside this job under the same peer id; "
+                "leave --key-file out (each job then makes its own key)"
+            )
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.job_name):
             raise ConfigError(f"--job-name {self.job_name!r}: use letters, digits, '.', '_' and '-'")
 
@@ -132,6 +137,16 @@ def render_script(job: SlurmJob) -> str:
         "",
         f"OTELA={_array(job.otela_cmd)}",
         f"START={_array(['start', *job.start_args])}",
+        *(
+            []
+            if "--key-file" in job.start_args
+            else [
+                "# A key of its own for each job: jobs of one user share a home directory, and two nodes must",
+                "# never share a peer id (a renewed job serves beside its predecessor for a while).",
+                'KEY_FILE="${TMPDIR:-/tmp}/otela-node-${SLURM_JOB_ID:-$$}.key"',
+                'START+=(--key-file "$KEY_FILE")',
+            ]
+        ),
         f"ENGINE={_array(job.engine_command)}",
         f"SCRIPT={shlex.quote(str(job.script_path))}",
         "",
@@ -169,6 +184,7 @@ def render_script(job: SlurmJob) -> str:
         "done",
         'wait "$node"',
         "status=$?",
+        *([] if "--key-file" in job.start_args else ['rm -f "$KEY_FILE"']),
         'echo "otela-slurm: node exited with status $status" >&2',
         'exit "$status"',
         "",

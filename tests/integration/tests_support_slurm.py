@@ -47,7 +47,9 @@ def ensure_installed() -> float:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300, check=False)
         result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600, check=False)
     if result.returncode != 0 or not all(_which(d) for d in _DAEMONS):
-        raise SlurmUnavailable(f"apt-get could not install {' '.join(APT_PACKAGES)}:\n{result.stderr[-2000:]}")
+        raise SlurmUnavailable(
+            f"apt-get could not install {' '.join(APT_PACKAGES)}:\n{result.stderr[-2000:]}"
+        )
     return time.monotonic() - started
 
 
@@ -60,7 +62,11 @@ class SlurmCluster:
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """This process's environment (read now: tests change it) pointing Slurm clients at this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def __repr__(self) -> str:
         return f"<SlurmCluster {self.node} conf={self.conf} daemons={list(self.procs)}>"
@@ -74,7 +80,7 @@ class SlurmCluster:
                 ("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-f", str(self.conf)]),
                 ("slurmd", [_which("slurmd") or "slurmd", "-D", "-f", str(self.conf), "-N", self.node]),
             ):
-                out = open(self.root / f"{daemon}.out", "wb")  # noqa: SIM115 (the daemon keeps it)
+                out = open(self.root / f"{daemon}.out", "wb")  # the daemon holds its own copy
                 self.procs[daemon] = subprocess.Popen(
                     argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
                 )
@@ -169,7 +175,9 @@ class SlurmCluster:
             if state in ("idle", "mix", "alloc"):
                 return
             time.sleep(0.5)
-        raise SlurmUnavailable(f"node {self.node} not idle after {timeout:.0f} s (state {state or 'unknown'!r})")
+        raise SlurmUnavailable(
+            f"node {self.node} not idle after {timeout:.0f} s (state {state or 'unknown'!r})"
+        )
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster."""
