@@ -119,7 +119,9 @@ class SlurmCluster:
     def _write_conf(self) -> None:
         for sub in ("state", "spool"):
             (self.root / sub).mkdir(exist_ok=True)
-        cpus = os.cpu_count() or 1
+        # Room for two one-CPU jobs at once (a renewed job overlaps its successor) even on a one-core host:
+        # config_overrides makes slurmd take the configured count over the detected one.
+        cpus = max(os.cpu_count() or 1, 4)
         r = self.root
         self.conf.write_text(
             "\n".join(
@@ -154,6 +156,7 @@ class SlurmCluster:
                     "SelectTypeParameters=CR_CPU",
                     "SchedulerType=sched/builtin",
                     "ReturnToService=2",
+                    "SlurmdParameters=config_overrides",
                     "KillWait=10",
                     "MinJobAge=60",
                     f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",

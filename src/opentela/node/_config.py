@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from opentela.errors import ConfigError
 
 DEFAULT_FATAL_LOG_PATTERNS: tuple[str, ...] = (
     r"NCCL.*\btimeout\b",
@@ -124,3 +127,23 @@ class NodeConfig:
         default=200,
         metadata={"help": "Lines of the engine log and of the node's own log in a fail-stop report."},
     )
+
+    def __post_init__(self) -> None:
+        for name in ("health_interval", "health_failures", "unhealthy_limit", "log_tail_lines"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"[node] {name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("health_timeout", "log_sink_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[node] {name} must be positive, got {getattr(self, name)!r}")
+        for pattern in self.fatal_log_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"[node] fatal log pattern {pattern!r} is not a valid regular expression: {exc}"
+                ) from None
+        sink = self.log_sink.strip()
+        if "://" in sink and not sink.startswith(("file://", "http://", "https://")):
+            raise ConfigError(
+                f"[node] log_sink {sink!r}: use a file path, file://PATH, http:// or https:// URL"
+            )
