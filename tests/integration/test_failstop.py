@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from opentela.localmesh import OTELA, LocalMesh
-from opentela.node.agent import EXIT_ENGINE_UNHEALTHY, EXIT_FATAL_LOG_LINE
+from opentela.localmesh import OTELA, LocalMesh, free_port
+from opentela.node.agent import EXIT_ENGINE_DIED, EXIT_ENGINE_UNHEALTHY, EXIT_FATAL_LOG_LINE
 
 pytestmark = pytest.mark.integration
 
@@ -147,3 +148,44 @@ async def test_nccl_timeout_in_engine_log_fail_stops_and_traffic_moves(
     assert report["engine"] == "simulated" and report["engine_log_path"].endswith(".log")
     assert any("fatal line in the engine log" in line for line in report["node_log"])
     assert json.dumps(report)  # plain JSON all the way down
+
+
+async def test_fatal_line_while_loading_fail_stops_before_the_ready_timeout(tmp_path: Path) -> None:
+    """An engine that logs an NCCL timeout while loading and then hangs is not waited for until ready_timeout."""
+    sink = tmp_path / "sink.log"
+    loading = (
+        "import sys, time; print('NCCL WARN bootstrap: connection timed out', flush=True); time.sleep(300)"
+    )
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        worker = await mesh.add_worker(
+            "loading",
+            [sys.executable, "-c", loading],
+            "--engine-port",
+            str(free_port()),
+            "--log-sink",
+            str(sink),
+            provider="lab-loading",
+        )
+        assert await worker.wait(timeout=60) == EXIT_FATAL_LOG_LINE  # ready_timeout is 900 s
+        down = await wait_state(mesh, "lab-loading", ("DOWN",), timeout=10)
+    assert down["reason"] == "fatal engine log line: NCCL WARN bootstrap: connection timed out"
+    assert "exit=6" in sink.read_text()
+
+
+async def test_engine_crash_ships_a_report_and_exits_3(tmp_path: Path) -> None:
+    sink = tmp_path / "sink.log"
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        worker = await mesh.add_worker(
+            "crash", [*SIMULATED, "--crash-after", "0"], "--log-sink", f"file://{sink}", provider="lab-crash"
+        )
+        await mesh.wait_serving(MODEL, 1, timeout=60)
+        status, _ = await chat(mesh)  # the engine dies on it; no other replica to retry on
+        assert await worker.wait(timeout=30) == EXIT_ENGINE_DIED
+        down = await wait_state(mesh, "lab-crash", ("DOWN",), timeout=10)
+    assert status >= 500
+    assert down["reason"] == "engine exited with code 3"
+    report = sink.read_text()
+    assert "exit=3" in report.splitlines()[0]
+    assert "simulated crash: exiting hard" in report  # the engine's last words

@@ -289,8 +289,9 @@ class NodeAgent:
         log_watch = FatalLogWatch(
             self.engine_log, self.node_config.fatal_log_patterns, offset=self.supervisor.output_offset
         )
-        # Watched from the start: an NCCL timeout while loading should not wait out the ready timeout.
-        self._spawn(self._watch_log(log_watch), "log-watch")
+        if log_watch.patterns:
+            # Watched from the start: an NCCL timeout while loading should not wait out the ready timeout.
+            self._spawn(self._watch_log(log_watch), "log-watch")
         try:
             served = await self.supervisor.wait_ready()
         except (EngineCrashedError, UpstreamTimeout) as exc:
