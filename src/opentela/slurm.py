@@ -254,6 +254,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def job_from_args(args: argparse.Namespace, start_flags: argparse.ArgumentParser) -> SlurmJob:
     """The job the flags describe."""
+    if args.renew and not args.renew_before * 60 >= 1:
+        raise ConfigError(f"--renew-before {args.renew_before:g}: give a positive number of minutes")
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

@@ -133,6 +133,8 @@ def test_bad_input_exits_2_with_a_message(tmp_path: Path, capsys: pytest.Capture
     assert "--time 'soon'" in capsys.readouterr().err
     assert main(["slurm", "--output", str(tmp_path / "j"), "--job-name", "a b"]) == 2
     assert main(["slurm", "--output", str(tmp_path / "j"), "--gpus", "-1"]) == 2
+    assert main(["slurm", "--output", str(tmp_path / "j"), "--renew", "--renew-before", "-5"]) == 2
+    assert "--renew-before -5" in capsys.readouterr().err
 
 
 def test_submit_without_sbatch_says_so(

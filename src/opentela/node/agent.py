@@ -334,7 +334,7 @@ class NodeAgent:
                 failures=cfg.health_failures,
                 unhealthy_limit=cfg.unhealthy_limit,
             )
-        logger.error("%s; failing stop", reason, extra={"url": url})
+        logger.error("%s: fail-stop", reason, extra={"url": url})
         await self.fail_stop(reason, EXIT_ENGINE_UNHEALTHY)
 
     async def fail_stop(self, reason: str, code: int) -> None:
