@@ -47,6 +47,13 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
+    p.add_argument("--log-sink", metavar="PATH|URL", help="where a fail-stop ships its log tail")
+    p.add_argument("--health-interval", type=float, metavar="S", help="seconds between engine health checks")
+    p.add_argument("--health-failures", type=int, metavar="N", help="failed checks in a row that fail-stop")
+    p.add_argument("--unhealthy-limit", type=float, metavar="S", help="seconds unhealthy before fail-stop")
+    p.add_argument(
+        "--fatal-log-pattern", action="append", metavar="REGEX", help="engine log line that fail-stops"
+    )
     p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
     p.add_argument(
         "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
@@ -63,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     start = sub.add_parser("start", help="start a node (and its engine)", description="Start a node.")
     _add_start_flags(start)
+
+    slurm = sub.add_parser(
+        "slurm",
+        help="write (and with --submit, submit) a Slurm job running a worker node",
+        description="Write a batch script running `otela start [flags] -- ENGINE` in a Slurm job; "
+        "every `otela start` flag given here is passed on.",
+    )
+    _add_start_flags(slurm)
+    from opentela import slurm as slurm_jobs
+
+    slurm_jobs.add_arguments(slurm)
 
     demo = sub.add_parser("demo", help="a local mesh: an ingress and two embedded-engine workers")
     demo.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
@@ -112,6 +130,10 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "log_dir",
         "max_body_bytes",
         "reachability",
+        "log_sink",
+        "health_interval",
+        "health_failures",
+        "unhealthy_limit",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -120,6 +142,8 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         node["bootstrap"] = tuple(args.bootstrap)
     if args.advertise:
         node["advertise"] = tuple(args.advertise)
+    if args.fatal_log_pattern:
+        node["fatal_log_patterns"] = tuple(args.fatal_log_pattern)
     if args.ingress or args.role:
         node["role"] = "ingress" if args.ingress else args.role
     fabric = {k: v for k in ("join_token", "join_token_file", "network_id") if (v := getattr(args, k))}
@@ -183,6 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging(args.log_level, args.log_format)
             config = load_config(args.config, flags=_start_flags(args))
             return _run(run_node(config, _engine_command(args)))
+        if args.cmd == "slurm":
+            from opentela.slurm import run_slurm
+
+            start_flags = argparse.ArgumentParser(add_help=False)
+            _add_start_flags(start_flags)
+            return run_slurm(args, start_flags)
         if args.cmd == "demo":
             from opentela.demo import run_demo
 

@@ -13,6 +13,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec
 from opentela.errors import ConfigError, EngineCrashedError, OpenTelaError, UpstreamTimeout
@@ -25,7 +27,10 @@ from opentela.fabric.memory import memory_stream_pair
 from opentela.fabric.relay import circuit_addr
 from opentela.node._config import NodeConfig
 from opentela.node.hardware import probe_hardware
+from opentela.node.health import check_http, watch_health
 from opentela.node.http_service import LocalEngineProxy
+from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
+from opentela.node.logwatch import FatalLogWatch, compile_patterns
 from opentela.node.supervisor import EngineSupervisor
 from opentela.registry._config import RegistryConfig
 from opentela.registry.gossip import Gossip
@@ -39,6 +44,8 @@ logger = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_ENGINE_DIED = 3
 EXIT_ENGINE_NOT_READY = 4
+EXIT_ENGINE_UNHEALTHY = 5
+EXIT_FATAL_LOG_LINE = 6
 
 
 def default_provider_id() -> str:
@@ -84,7 +91,11 @@ class NodeAgent:
         *,
         engine: EngineSpec | None = None,
         log_dir: Path | None = None,
+        node_log: RecentLogs | None = None,
     ) -> None:
+        compile_patterns(node.fatal_log_patterns)  # a bad pattern is a configuration error, found now
+        self.log_sink = LogSink(node.log_sink, timeout=node.log_sink_timeout) if node.log_sink else None
+        self.node_log = node_log
         self.identity = identity
         self.node_config = node
         self.fabric_config = fabric or FabricConfig()
@@ -115,6 +126,7 @@ class NodeAgent:
         self._failures: dict[str, int] = {}
         self._closers: list[Any] = []
         self._found_private = False
+        self._failing = False
 
     def __repr__(self) -> str:
         state = self.registry.local.lifecycle.name if self.registry else "new"
@@ -324,26 +336,94 @@ class NodeAgent:
         )
         try:
             await self.supervisor.start()
-            logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
+        except EngineCrashedError as exc:
+            await self.fail_stop(f"engine could not start: {exc.message}", EXIT_ENGINE_NOT_READY)
+            return
+        logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
+        log_watch = FatalLogWatch(
+            self.engine_log, self.node_config.fatal_log_patterns, offset=self.supervisor.output_offset
+        )
+        if log_watch.patterns:
+            # Watched from the start: an NCCL timeout while loading should not wait out the ready timeout.
+            self._spawn(self._watch_log(log_watch), "log-watch")
+        try:
             served = await self.supervisor.wait_ready()
         except (EngineCrashedError, UpstreamTimeout) as exc:
             logger.error("engine never became ready: %s", exc)
-            await self._go_down(f"engine not ready: {exc.message}")
-            self.request_stop(EXIT_ENGINE_NOT_READY)
+            await self.fail_stop(f"engine not ready: {exc.message}", EXIT_ENGINE_NOT_READY)
             return
         models = tuple(ModelEntry(id=str(m["id"]), engine=self.engine.name) for m in served if m.get("id"))
         self._engine_ready = True
         self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models)
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})
+        if self.node_config.health_interval > 0:
+            self._spawn(self._watch_health(), "health")
         code = await self.supervisor.wait_exit()
         self._engine_ready = False
-        if self._stop.is_set():
+        # A batch system signals the node and its engine together: let the node's own stop arrive first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), 0.5)
+        if self._stop.is_set() or self._failing:
             return
-        logger.error(
-            "engine exited with code %s; marking this node DOWN", code, extra={"log": str(self.engine_log)}
+        reason = f"engine exited with code {code}"
+        fatal = log_watch.scan(final=True)
+        if fatal is not None:
+            reason += f" after a fatal log line: {fatal}"
+        logger.error("%s; marking this node DOWN", reason, extra={"log": str(self.engine_log)})
+        await self.fail_stop(reason, EXIT_ENGINE_DIED)
+
+    async def _watch_log(self, watch: FatalLogWatch) -> None:
+        line = await watch.watch()
+        logger.error("fatal line in the engine log: %s", line, extra={"log": str(watch.path)})
+        await self.fail_stop(f"fatal engine log line: {line}", EXIT_FATAL_LOG_LINE)
+
+    async def _watch_health(self) -> None:
+        assert self.engine is not None
+        cfg = self.node_config
+        url = self.engine.base_url + self.engine.health_path
+        async with aiohttp.ClientSession() as http:
+            reason = await watch_health(
+                lambda: check_http(http, url, cfg.health_timeout),
+                interval=cfg.health_interval,
+                failures=cfg.health_failures,
+                unhealthy_limit=cfg.unhealthy_limit,
+            )
+        logger.error("%s: fail-stop", reason, extra={"url": url})
+        await self.fail_stop(reason, EXIT_ENGINE_UNHEALTHY)
+
+    async def fail_stop(self, reason: str, code: int) -> None:
+        """Stop on a fatal local condition: write DOWN, ship the log tail to the sink, and exit with `code`.
+
+        The first fatal condition wins; later ones (the engine dying of what the log already said) are ignored.
+        """
+        if self._failing or self._stop.is_set():
+            return
+        self._failing = True
+        self._engine_ready = False  # refuse new tunnelled requests at once
+        try:
+            await self._go_down(reason)
+        except OpenTelaError as exc:
+            logger.warning("could not announce DOWN: %s", exc)
+        if self.log_sink is not None:
+            await self.log_sink.ship(self.failure_report(reason, code))
+        self.request_stop(code)
+
+    def failure_report(self, reason: str, code: int) -> FailStopReport:
+        """What this node says about itself when it fail-stops."""
+        n = self.node_config.log_tail_lines
+        engine_tail = self.supervisor.log_tail(n).splitlines() if self.supervisor and n > 0 else []
+        return FailStopReport(
+            peer_id=self.peer_id,
+            session_id=self.session_id,
+            provider_id=self.provider_id,
+            hostname=socket.gethostname(),
+            reason=reason,
+            exit_code=code,
+            engine=self.engine.name if self.engine else "",
+            engine_log_path=str(self.engine_log or ""),
+            engine_log=engine_tail,
+            node_log=self.node_log.tail(n) if self.node_log is not None else [],
         )
-        await self._go_down(f"engine exited with code {code}")
-        self.request_stop(EXIT_ENGINE_DIED)
 
     async def _go_down(self, reason: str) -> None:
         assert self.registry is not None and self.gossip is not None
