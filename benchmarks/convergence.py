@@ -123,14 +123,27 @@ def traffic_per_node(
     }
 
 
+async def ingress_knows(mesh: LocalMesh, count: int, timeout: float) -> None:
+    """Wait until the ingress's replica holds `count` live records."""
+
+    async def probe() -> bool | None:
+        table = await mesh.get_json("/v1/dnt/table")
+        live = [r for r in table or [] if r.get("lifecycle") in ("JOIN", "SERVING")]
+        return True if len(live) >= count else None
+
+    await mesh.wait_for(probe, timeout=timeout, what=f"the ingress to know {count} nodes", interval=0.25)
+
+
 async def start_mesh(mesh: LocalMesh, n: int, trace_dir: Path) -> float:
     """An ingress and n-1 engine-less workers; returns seconds until every replica knows every node."""
     t_start = time.monotonic()
     await mesh.start_ingress("--log-level", "WARNING")
     for i in range(n - 1):
         await mesh.add_worker(f"n{i}", None, "--log-level", "WARNING")
-        if i % 8 == 7:
-            await asyncio.sleep(0.2)  # let a 2-core machine breathe while interpreters start
+        if i % 8 == 7 or i == n - 2:
+            # Start in batches of 8, each once the ingress has registered the last: a 2-core machine takes
+            # about a CPU-second to start one interpreter, and 128 at once would starve every node for minutes.
+            await ingress_knows(mesh, i + 2, timeout=120)
     await wait_all_know(trace_dir, n, timeout=120 + 3 * n)
     took = time.monotonic() - t_start
     print(f"  N={n}: all {n} replicas know every node after {took:.1f} s", file=sys.stderr)

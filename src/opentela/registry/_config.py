@@ -38,6 +38,14 @@ class RegistryConfig:
             "from the moment it is suspected."
         },
     )
+    local_health_limit: int = field(
+        default=8,
+        metadata={
+            "help": "Highest local health score: a node that finds itself slow (its event loop stalled during a "
+            "probe, or it had to refute a suspicion of itself) multiplies its probe and suspicion timeouts by up "
+            "to 1 + this; 0 turns the mechanism off."
+        },
+    )
     retransmit_mult: int = field(
         default=3,
         metadata={
@@ -92,6 +100,8 @@ class RegistryConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[registry] {name} must be positive, got {getattr(self, name)!r}")
+        if self.local_health_limit < 0:
+            raise ConfigError("[registry] local_health_limit must be >= 0")
         if self.indirect_probes < 0 or self.retransmit_mult < 1 or self.max_piggyback < 1:
             raise ConfigError("[registry] indirect_probes >= 0, retransmit_mult >= 1 and max_piggyback >= 1")
         if self.tombstone_retention <= self.left_retention:

@@ -25,6 +25,7 @@ from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.registry._config import RegistryConfig
+from opentela.registry.local_health import LocalHealth, LoopLag
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
 from opentela.registry.swim import Member, Status, SwimState, Update
@@ -58,6 +59,9 @@ class Membership:
             retransmit_mult=self.config.retransmit_mult,
             rng=self._rng,
         )
+        self.health = LocalHealth(self.config.local_health_limit)
+        self.loop_lag = LoopLag(interval=min(0.25, self.config.probe_timeout / 2))
+        self._refutations_seen = 0
         self.unreachable: dict[PeerId, str] = {}
         self.last_seen: dict[PeerId, float] = {}
         self._probing: set[SessionId] = set()
@@ -66,6 +70,7 @@ class Membership:
         self.counters: dict[str, int] = {
             "probes_sent": 0,
             "probes_failed": 0,
+            "probes_inconclusive": 0,
             "indirect_probes_sent": 0,
             "suspicions": 0,
             "refutations": 0,
@@ -84,6 +89,8 @@ class Membership:
         self.host.on_peer_connected(self.confirm_alive)
         self.swim.on_change(self._on_member_change)
         self._spawn(self._probe_loop(), "swim-probe-loop")
+        if self.config.local_health_limit:
+            self._spawn(self.loop_lag.run(), "swim-loop-lag")
 
     async def aclose(self) -> None:
         """Stop probing."""
@@ -160,6 +167,11 @@ class Membership:
 
     def tick(self) -> list[NodeRecord]:
         """Bookkeeping of one period: follow the registry, evict sessions past their grace; returns evictions."""
+        if self.swim.refutations > self._refutations_seen:
+            # Others found us silent for a whole probe round: we are probably the slow one.
+            self._refutations_seen = self.swim.refutations
+            self.health.degrade()
+        self.swim.suspicion_timeout = self.config.suspicion_timeout * self.health.multiplier
         self.swim.sync(self._live_sessions())
         known = {m.peer for m in self.swim.members.values()}
         for peer in [p for p in self.unreachable if p not in known]:
@@ -172,7 +184,7 @@ class Membership:
                 # here would force every node to rejoin once we are back. Routing avoids the session meanwhile.
                 self.counters["evictions_held"] += 1
                 continue
-            reason = f"no answer to any probe for {self.config.suspicion_timeout:g} s (SWIM)"
+            reason = f"no answer to any probe for {self.swim.suspicion_timeout:g} s (SWIM)"
             record = self.registry.evict(member.session, reason)
             self.swim.remove(member.session)
             if record is not None:
@@ -212,19 +224,32 @@ class Membership:
     async def probe(self, member: Member) -> bool:
         """Probe one session: directly, then through helpers; suspect it when every path fails."""
         self._probing.add(member.session)
+        started = self.loop_lag.clock()
         try:
-            answer = await self.call_ping(member)
+            answer = await self.call_ping(member, self.config.probe_timeout * self.health.multiplier)
             if answer is None:
                 answer = await self._probe_indirectly(member)
             now = self.clock()
+            if answer is None and self._stalled_since(started):
+                # Our own loop stalled while we waited: the silence may be ours. No verdict on the peer.
+                self.counters["probes_inconclusive"] += 1
+                self.health.degrade()
+                return False
             if answer is None or answer == NOT_THAT_SESSION:
                 self.counters["probes_failed"] += 1
                 self.swim.probe_failed(member.session, now)
                 return False
             self.swim.acked(member.session, answer, now)
+            self.health.improve()
             return True
         finally:
             self._probing.discard(member.session)
+
+    def _stalled_since(self, started: float) -> bool:
+        """Whether this process's event loop stalled for half a probe timeout or more since `started`."""
+        if not self.config.local_health_limit:
+            return False
+        return self.loop_lag.worst_since(started) >= self.config.probe_timeout / 2
 
     async def _probe_indirectly(self, target: Member) -> int | None:
         helpers = self.swim.helpers(target, self.config.indirect_probes)
@@ -233,7 +258,7 @@ class Membership:
         self.counters["indirect_probes_sent"] += len(helpers)
         pending = {asyncio.ensure_future(self.call_ping_req(h, target)) for h in helpers}
         try:
-            async with asyncio.timeout(self.config.indirect_timeout):
+            async with asyncio.timeout(self.config.indirect_timeout * self.health.multiplier):
                 while pending:
                     done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                     for task in done:
@@ -292,7 +317,9 @@ class Membership:
         message: dict[str, Any] = {"r": target.session, "w": target.peer}
         if updates := self._updates_for(helper.session):
             message["u"] = updates
-        reply = await self._exchange(helper.peer, helper.session, message, self.config.indirect_timeout)
+        reply = await self._exchange(
+            helper.peer, helper.session, message, self.config.indirect_timeout * self.health.multiplier
+        )
         answer = _answer(reply)
         return None if answer == NOT_THAT_SESSION else answer
 
@@ -397,6 +424,8 @@ class Membership:
             "members": len(self.swim.members),
             "suspected": len(self.swim.suspected()),
             "pending_news": self.swim.pending_news(),
+            "local_health": self.health.score,
+            "loop_lag_s": round(self.loop_lag.worst_since(self.loop_lag.clock() - self.loop_lag.window), 3),
         }
 
 
