@@ -268,7 +268,12 @@ class StepCost:
     ) -> float:
         """Seconds for a step of `tokens` new tokens, `sampled` sequences sampled, `decodes` of them decoding
         with `decode_ctx` cached tokens in total, and prompts with sum n and sum n^2 of their lengths."""
-        t = self._per_token[tokens] + self._lm_head[sampled]
+        if tokens < len(self._per_token):
+            t = self._per_token[tokens] + self._lm_head[sampled]
+        else:  # a prompt longer than the token budget runs alone; off the table, computed directly
+            many = np.array([0.0, float(tokens)])
+            t = (self._tabulate_linear(many) * self.model.num_layers + self._embedding(many))[1]
+            t += self._lm_head[sampled]
         if decodes:
             t += max(
                 decode_ctx * self._decode_flops_ctx,

@@ -87,6 +87,8 @@ class SimResult:
     rejected: int = 0
     steps: int = 0
     busy_s: list[float] = field(default_factory=list)
+    replica: np.ndarray | None = None
+    """Index of the replica each request was routed to (-1: rejected)."""
 
     @property
     def ttft(self) -> np.ndarray:
@@ -256,6 +258,7 @@ def simulate(
     first = np.full(n, np.nan)
     end = np.full(n, np.nan)
     gen_done = np.zeros(n, dtype=np.int64)
+    routed = np.full(n, -1, dtype=np.int64)
     states = [_Replica(spec) for spec in replicas]
     if groups is None:
         groups = [(int(m), range(len(states)), 1.0) for m in np.unique(trace.model)]
@@ -295,6 +298,7 @@ def simulate(
             if inp[a] + out[a] > states[i].capacity:
                 rejected += 1
             else:
+                routed[a] = i
                 states[i].waiting.append(a)
                 if not active[i]:
                     start(i, now)
@@ -313,4 +317,5 @@ def simulate(
         rejected=rejected,
         steps=sum(s.steps for s in states),
         busy_s=[s.busy_s for s in states],
+        replica=routed,
     )
