@@ -50,3 +50,14 @@ def test_the_simulator_is_deterministic(rows: list[tuple[float, int, int]]) -> N
     trace = as_trace(rows)
     a, b = simulate([SPEC, SPEC], trace), simulate([SPEC, SPEC], trace)
     assert np.array_equal(a.finish, b.finish) and a.preemptions == b.preemptions
+
+
+@settings(max_examples=30, deadline=None)
+@given(requests, st.integers(1, 2))
+def test_bulk_decode_steps_change_nothing(rows: list[tuple[float, int, int]], replicas: int) -> None:
+    trace = as_trace(rows)
+    bulk = simulate([SPEC] * replicas, trace)
+    step_by_step = simulate([SPEC] * replicas, trace, fast_forward=False)
+    np.testing.assert_allclose(bulk.finish, step_by_step.finish, rtol=1e-9)
+    np.testing.assert_allclose(bulk.first_token, step_by_step.first_token, rtol=1e-9)
+    assert bulk.preemptions == step_by_step.preemptions

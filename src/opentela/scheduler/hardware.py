@@ -33,7 +33,9 @@ class Device:
     cores: int = 0
     source: str = ""
     efficiency: float = 1.0
-    """Fraction of the peaks reached in practice (1.0: pure roofline); calibrated per device if measured."""
+    """Fraction of the peak FLOP/s reached in practice (1.0: pure roofline); calibrated where measured."""
+    memory_efficiency: float = 1.0
+    """Fraction of the peak memory bandwidth reached (1.0 where the catalog gives a measured figure)."""
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -44,7 +46,7 @@ class Device:
     @property
     def bandwidth(self) -> float:
         """Achievable memory bandwidth in bytes per second."""
-        return self.memory_bandwidth_gbs * 1e9 * self.efficiency
+        return self.memory_bandwidth_gbs * 1e9 * self.memory_efficiency
 
     def peak(self, dtype: str) -> float:
         """Achievable dense throughput in operations per second for `dtype`, falling back to fp16 then fp32."""
@@ -58,9 +60,10 @@ class Device:
         """Per-direction bytes per second to the other devices of a node, for tensor-parallel all-reduce."""
         return self.interconnect_gbs * 1e9
 
-    def calibrated(self, efficiency: float) -> Device:
-        """A copy of this device reaching `efficiency` of its peaks."""
-        return replace(self, efficiency=efficiency)
+    def calibrated(self, efficiency: float, memory_efficiency: float | None = None) -> Device:
+        """A copy of this device reaching `efficiency` of its peak FLOP/s (and of its bandwidth, if given)."""
+        memory = self.memory_efficiency if memory_efficiency is None else memory_efficiency
+        return replace(self, efficiency=efficiency, memory_efficiency=memory)
 
 
 def _device(name: str, raw: Mapping[str, Any], where: str) -> Device:
@@ -80,6 +83,7 @@ def _device(name: str, raw: Mapping[str, Any], where: str) -> Device:
             cores=int(raw.get("cores", 0)),
             source=str(raw.get("source", "")),
             efficiency=float(raw.get("efficiency", 1.0)),
+            memory_efficiency=float(raw.get("memory_efficiency", 1.0)),
         )
     except KeyError as exc:
         raise ConfigError(f"{where}: device {name} lacks the field {exc.args[0]!r}") from None

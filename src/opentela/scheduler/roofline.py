@@ -263,6 +263,14 @@ class StepCost:
         total[0] = 0.0
         return total
 
+    def decode_times(self, decodes: int, contexts: np.ndarray) -> np.ndarray:
+        """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total."""
+        fixed = self._per_token[decodes] + self._lm_head[decodes]
+        return fixed + np.maximum(
+            contexts * self._decode_flops_ctx,
+            contexts * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
+        )
+
     def time(
         self, tokens: int, sampled: int, decode_ctx: float, decodes: int, sum_n: float, sum_n2: float
     ) -> float:
