@@ -135,7 +135,8 @@ def print_simulation(doc: dict[str, Any], console: Console) -> None:
         table.add_row(name.upper(), *(_fmt(m[f"{name}_{c}"]) for c in ("mean", "p50", "p90", "p99")))
     console.print(table)
     console.print(
-        f"throughput {m['throughput_rps']:.2f} req/s, {m['throughput_tps']:.0f} output tok/s; "
+        f"throughput {m['throughput_rps']:.2f} req/s, {m['throughput_tps']:.0f} output tok/s over the run, "
+        f"{m['window_tps']:.0f} tok/s while arrivals last (offered {m['offered_tps']:.0f}); "
         f"{int(m['completed'])}/{int(m['requests'])} completed, {int(m['preemptions'])} preemptions, "
         f"{int(m['rejected'])} rejected; KV room {doc['kv_capacity_tokens_per_replica']} tokens per replica"
     )
@@ -215,7 +216,7 @@ def print_plan(doc: dict[str, Any], console: Console) -> None:
     perf = Table(title="Predicted (latency tables) and simulated (whole cluster) performance")
     perf.add_column("policy")
     perf.add_column("predicted mean E2E", justify="right")
-    for col in ("mean E2E", "p99 E2E", "mean TTFT", "mean TPOT", "req/s", "tok/s"):
+    for col in ("mean E2E", "p99 E2E", "mean TTFT", "mean TPOT", "tok/s served / offered"):
         perf.add_column(col, justify="right")
     perf.add_column("devices used", justify="right")
     for plan in doc["plans"]:
@@ -228,8 +229,7 @@ def print_plan(doc: dict[str, Any], console: Console) -> None:
             _fmt(s["e2e_p99"]),
             _fmt(s["ttft_mean"]),
             _fmt(s["tpot_mean"]),
-            f"{s['throughput_rps']:.1f}",
-            f"{s['throughput_tps']:.0f}",
+            f"{s['window_tps']:,.0f} / {s['offered_tps']:,.0f}",
             f"{used}/{sum(doc['cluster'][d] for d in devices)}",
         )
     console.print(perf)

@@ -108,6 +108,31 @@ class SimResult:
                 self.output_len > 1, (self.finish - self.first_token) / (self.output_len - 1), np.nan
             )
 
+    def window_tps(self, warmup: float = 1 / 3) -> float:
+        """Output tokens per second produced while requests keep arriving, after the first `warmup` share of
+        the arrival period (no ramp-up, no drain at the end); each request's tokens are spread evenly from
+        its first token to its finish."""
+        if len(self.arrival) < 2:
+            return float("nan")
+        begin, stop = float(self.arrival.min()), float(self.arrival.max())
+        start = begin + warmup * (stop - begin)
+        done = np.isfinite(self.finish)
+        first, finish, out = self.first_token[done], self.finish[done], self.output_len[done].astype(float)
+        length = np.maximum(finish - first, 1e-12)
+        overlap = np.clip(np.minimum(finish, stop) - np.maximum(first, start), 0.0, None)
+        # One-token answers have no duration: count them if they fall inside the window.
+        inside = np.where(
+            finish > first, overlap / length, ((first >= start) & (first <= stop)).astype(float)
+        )
+        return float((out * inside).sum() / (stop - start)) if stop > start else float("nan")
+
+    def offered_tps(self) -> float:
+        """Output tokens per second the arrivals ask for."""
+        if len(self.arrival) < 2:
+            return float("nan")
+        span = float(self.arrival.max() - self.arrival.min())
+        return float(self.output_len.sum()) / span if span > 0 else float("nan")
+
     def metrics(self) -> dict[str, float]:
         """Mean and p50/p90/p99 of TTFT, TPOT and E2E (seconds), throughput and counters."""
         done = np.isfinite(self.finish)
@@ -120,6 +145,8 @@ class SimResult:
         span = float(np.nanmax(self.finish) - self.arrival.min()) if done.any() else float("nan")
         out["throughput_rps"] = float(done.sum()) / span if done.any() and span > 0 else 0.0
         out["throughput_tps"] = float(self.output_len[done].sum()) / span if done.any() and span > 0 else 0.0
+        out["window_tps"] = self.window_tps()
+        out["offered_tps"] = self.offered_tps()
         out["preemptions"] = float(self.preemptions)
         out["rejected"] = float(self.rejected)
         return out
@@ -160,9 +187,11 @@ class _Replica:
         self.busy_s = 0.0
 
     def outstanding(self) -> int:
+        """Requests routed here and not finished."""
         return len(self.waiting) + len(self.running) + len(self.pending)
 
     def generated(self, rid: int) -> int:
+        """Tokens a running sequence has generated so far."""
         step, gen = self.base[rid]
         return gen + self.steps - step
 
@@ -188,7 +217,7 @@ class _Replica:
         self.busy_s += took
         return took
 
-    def plan_step(self, inp: np.ndarray, out: np.ndarray, gen_done: np.ndarray) -> float:
+    def plan_step(self, inp: np.ndarray, gen_done: np.ndarray) -> float:
         """Form the next batch and return its duration (0.0: nothing to run)."""
         running = self.running
         # Every decoder needs one more KV slot: preempt the newest sequences until they fit.
@@ -301,7 +330,7 @@ def simulate(
         # Until the next arrival nothing can join this replica: skip its decode-only steps in bulk.
         if fast_forward:
             now += states[i].fast_forward((arrivals[a] if a < n else float("inf")) - now)
-        dt = states[i].plan_step(inp, out, gen_done)
+        dt = states[i].plan_step(inp, gen_done)
         if dt > 0:
             heapq.heappush(busy, (now + dt, i))
             active[i] = True
