@@ -78,6 +78,7 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver (default 60)")
     p.add_argument("--shares", type=int, default=20, help="traffic split granularity K (default 20)")
     p.add_argument("--sim-duration", type=float, default=20.0, help="seconds of traffic per evaluation (20)")
+    p.add_argument("--table-points", type=int, default=20, help="simulated rates per latency table (20)")
     _add_engine_flags(p)
 
 
@@ -166,7 +167,9 @@ def plan_command(ns: argparse.Namespace, show_progress: bool = True) -> dict[str
     """Run `otela plan`; returns the JSON document it prints."""
     cluster = Cluster.load(ns.cluster, ns.hardware)
     workloads = load_workloads(ns.workload)
-    settings = SimSettings(horizon_s=ns.sim_duration, seed=ns.seed)
+    if ns.table_points < 2:
+        raise ConfigError("--table-points must be at least 2")
+    settings = SimSettings(horizon_s=ns.sim_duration, rate_points=ns.table_points, seed=ns.seed)
     builder = TableBuilder(_limits(ns), Precision(ns.weights, ns.kv_dtype), settings)
     problem = Problem(cluster, workloads, builder, shares=ns.shares, time_limit_s=ns.time_limit)
     plans: list[Plan] = []

@@ -65,6 +65,8 @@ def test_plan_prints_placement_and_baseline(tmp_path: Path, capsys: pytest.Captu
         "5",
         "--shares",
         "5",
+        "--table-points",
+        "6",
     ]
     assert main([*argv, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
