@@ -90,3 +90,26 @@ def test_plan_rejects_bad_files(tmp_path: Path, capsys: pytest.CaptureFixture[st
     cluster.write_text("devices: {A100-80G: 1}\n")
     assert main(["plan", "--cluster", str(cluster), "--workload", str(workload)]) == 2
     assert "needs model, rate, input and output" in capsys.readouterr().err
+
+
+def test_simulate_replays_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,input,output\n0.0,100,10\n0.5,200,20\n1.0,300,30\n")
+    argv = [
+        "simulate",
+        "--model",
+        "Qwen3-1.7B",
+        "--gpu",
+        "L40S",
+        "--trace",
+        str(trace),
+        "--dp",
+        "2",
+        "--json",
+    ]
+    assert main(argv) == 0
+    m = json.loads(capsys.readouterr().out)["metrics"]
+    assert m["requests"] == m["completed"] == 3
+    trace.write_text("arrival,input\n0.0,100\n")
+    assert main(argv) == 2
+    assert "each row needs arrival, input, output" in capsys.readouterr().err
