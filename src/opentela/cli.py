@@ -1,4 +1,4 @@
-"""The `otela` command line: start a node, run the demo, inspect a mesh, run an engine."""
+"""The `otela` command line: start a node, run the demo, inspect a mesh, run an engine, plan placements."""
 
 from __future__ import annotations
 
@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     from opentela.netadmin import add_network_parser
 
     add_network_parser(sub)
+    from opentela.scheduler.commands import add_plan_arguments, add_simulate_arguments
+
+    add_simulate_arguments(sub.add_parser("simulate", help="simulate serving a model on a device type"))
+    add_plan_arguments(sub.add_parser("plan", help="place models on a cluster's idle devices (CP-SAT)"))
+
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
@@ -200,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 run_simulated(simulated_config_from_args(args))
             return 0
+        if args.cmd in ("simulate", "plan"):
+            from opentela.scheduler.commands import run
+
+            return run(args)
         if args.cmd == "start":
             from opentela.config import load_config
             from opentela.runner import run_node
