@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from opentela.config import OtelaConfig, config_home, state_home
 from opentela.engines._registry import engine_from_command, engine_from_name
@@ -52,6 +53,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, agent.request_stop, 0)
     gateway: Gateway | None = None
+    frontend: Any = None
     try:
         await agent.start()
         print(f"node      {agent.peer_id}", file=sys.stderr)
@@ -67,6 +69,13 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
             gateway = Gateway(agent, config.gateway)
             url = await gateway.start(host, port)
             print(f"api       {url}/v1", file=sys.stderr)
+            if config.frontend.enabled:
+                from opentela.frontend_runner import print_frontend, start_frontend
+
+                frontend = await start_frontend(config, ingress_url=url)
+                print_frontend(frontend, config)
+        elif config.frontend.enabled:
+            raise ConfigError("--frontend runs inside an ingress node: add --ingress")
         if agent.engine_log is not None:
             print(f"log       {agent.engine_log}", file=sys.stderr)
         sys.stderr.flush()
@@ -74,6 +83,8 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+        if frontend is not None:
+            await frontend.aclose()
         if gateway is not None:
             await gateway.aclose()
         await agent.aclose()
