@@ -44,10 +44,16 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
     p.add_argument(
-        "--frontend", action="store_true", help="on an ingress, also run the API frontend (keys, usage, dashboard)"
+        "--frontend",
+        action="store_true",
+        help="on an ingress, also run the API frontend (keys, usage, dashboard)",
     )
-    p.add_argument("--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)")
-    p.add_argument("--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)")
+    p.add_argument(
+        "--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)"
+    )
+    p.add_argument(
+        "--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)"
+    )
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
     p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
     p.add_argument(
@@ -71,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
     demo.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
     demo.add_argument(
+        "--frontend-http",
+        metavar="HOST:PORT",
+        help="API frontend and dashboard address (default 127.0.0.1:8093)",
+    )
+    demo.add_argument(
         "--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)"
     )
     demo.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
@@ -83,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     frontend.add_argument("--ingress", metavar="URL", help="ingress base URL (default http://127.0.0.1:8092)")
     frontend.add_argument("--db", metavar="URL", help="database URL (default: SQLite in the data directory)")
     frontend.add_argument("--http", metavar="HOST:PORT", help="listen address (default 127.0.0.1:8093)")
-    frontend.add_argument("--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)")
+    frontend.add_argument(
+        "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
+    )
     frontend.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
     frontend.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
     frontend.add_argument(
@@ -92,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     from opentela.keys_cli import add_keys_arguments
 
-    add_keys_arguments(sub.add_parser("keys", help="create, list, revoke, rotate API keys; usage; trace export"))
+    add_keys_arguments(
+        sub.add_parser("keys", help="create, list, revoke, rotate API keys; usage; trace export")
+    )
 
     status = sub.add_parser("status", help="print the mesh as seen by an ingress")
     status.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
@@ -210,7 +225,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from opentela.frontend_runner import run_frontend
 
             setup_logging(args.log_level, args.log_format)
-            flags = {"ingress": args.ingress, "db": args.db, "http": args.http, "admin_token": args.admin_token}
+            flags = {
+                "ingress": args.ingress,
+                "db": args.db,
+                "http": args.http,
+                "admin_token": args.admin_token,
+            }
             config = load_config(args.config, flags={"frontend": {k: v for k, v in flags.items() if v}})
             return _run(run_frontend(config))
         if args.cmd == "keys":

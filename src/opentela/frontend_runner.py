@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import socket
@@ -28,10 +29,11 @@ def frontend_admin_token(config: OtelaConfig) -> str:
 
 async def start_frontend(config: OtelaConfig, ingress_url: str | None = None) -> Frontend:
     """Create the frontend (database migrated, pending rows reconciled) and start listening."""
+    # Migration steps and uvicorn's start banner are noise next to our own start-up lines.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
     fc = config.frontend
     if ingress_url:
-        import dataclasses
-
         fc = dataclasses.replace(fc, ingress=ingress_url)
     host, port, _ = parse_addr(fc.http)
     instance = fc.instance or f"{socket.gethostname()}:{port}"

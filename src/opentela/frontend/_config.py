@@ -11,7 +11,9 @@ class FrontendConfig:
 
     enabled: bool = field(
         default=False,
-        metadata={"help": "Also run the frontend inside an ingress node (`otela start --ingress --frontend`)."},
+        metadata={
+            "help": "Also run the frontend inside an ingress node (`otela start --ingress --frontend`)."
+        },
     )
     http: str = field(
         default="127.0.0.1:8093", metadata={"help": "HOST:PORT the frontend (API and dashboard) listens on."}
