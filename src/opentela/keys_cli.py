@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentela.errors import ConfigError
-from opentela.frontend.db import Database
-from opentela.frontend.keys import KeySettings, KeyStore, key_info
-from opentela.frontend.schema import ApiKey
-from opentela.frontend.usage import UsageLedger
+
+if TYPE_CHECKING:
+    from opentela.frontend.keys import KeyStore
+    from opentela.frontend.schema import ApiKey
 
 
 def _csv(value: str | None) -> tuple[str, ...] | None:
@@ -77,6 +77,11 @@ def _print_keys(keys: list[dict[str, Any]]) -> None:
 
 async def run_keys(args: argparse.Namespace, db_url: str) -> int:
     """Run one `otela keys` action."""
+    # Imported here: `otela start` builds this parser too and should not pay for SQLAlchemy and FastAPI.
+    from opentela.frontend.db import Database
+    from opentela.frontend.keys import KeySettings, KeyStore, key_info
+    from opentela.frontend.usage import UsageLedger
+
     db = await Database.open(db_url)
     try:
         store = KeyStore(db)

@@ -162,3 +162,14 @@ async def test_playground_streams_a_real_answer(
     await page.wait_for_function("document.querySelectorAll('#usage-rows tbody tr .badge.ok').length >= 1")
     await _snap(page, shots, f"{device}-usage")
     await page.close()
+
+
+async def test_api_reference_renders_offline(site: Frontend, browser, shots: Path) -> None:
+    page = await browser.new_page(viewport=LAPTOP)
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(r.url))
+    await page.goto(site.url + "/docs")
+    await page.locator(".swagger-ui .opblock-summary-path", has_text="/v1/chat/completions").first.wait_for()
+    assert failed == []  # every asset came from the frontend itself
+    await _snap(page, shots, "laptop-docs")
+    await page.close()

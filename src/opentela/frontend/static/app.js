@@ -131,7 +131,7 @@ async function loadHealth() {
   try {
     const h = await api("/api/mesh/health");
     box.className = "health ok";
-    $("#health-text").textContent = `ingress ${h.state.toLowerCase()} · ${h.nodes_known} nodes`;
+    $("#health-text").textContent = `ingress ${h.status === "ok" ? "up" : h.status} · ${h.nodes_known} nodes`;
   } catch (e) {
     box.className = "health bad";
     $("#health-text").textContent = "ingress unreachable";
