@@ -8,11 +8,14 @@ import logging
 import signal
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 from opentela.config import OtelaConfig, data_home
 from opentela.fabric.addresses import parse_addr
-from opentela.frontend import Frontend, load_or_create_admin_token
 from opentela.frontend.db import sqlite_url
+
+if TYPE_CHECKING:
+    from opentela.frontend import Frontend
 
 logger = logging.getLogger(__name__)
 
@@ -24,11 +27,15 @@ def frontend_db_url(config: OtelaConfig) -> str:
 
 def frontend_admin_token(config: OtelaConfig) -> str:
     """The configured admin token, else the one kept (or created) in the data directory."""
+    from opentela.frontend import load_or_create_admin_token
+
     return config.frontend.admin_token or load_or_create_admin_token(data_home() / "admin-token")
 
 
 async def start_frontend(config: OtelaConfig, ingress_url: str | None = None) -> Frontend:
     """Create the frontend (database migrated, pending rows reconciled) and start listening."""
+    from opentela.frontend import Frontend
+
     # Migration steps and uvicorn's start banner are noise next to our own start-up lines.
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)

@@ -11,7 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 from opentela import __version__
-from opentela.frontend.errors import install_error_handlers
+from opentela.frontend.error_handlers import install_error_handlers
 from opentela.frontend.routes import admin, dashboard, openai
 from opentela.frontend.routes.dashboard import STATIC
 from opentela.frontend.state import FrontendState

@@ -1,19 +1,8 @@
-"""Errors of the user-facing service, and the handlers that render every failure as OpenAI error JSON."""
+"""Errors of the user-facing service (each knows its status, OpenAI error type and code)."""
 
 from __future__ import annotations
 
-import json
-import logging
-from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from opentela.errors import AuthenticationError, ClientError, InvalidRequestError, OpenTelaError
-
-logger = logging.getLogger(__name__)
+from opentela.errors import AuthenticationError, ClientError
 
 
 class KeyRevokedError(AuthenticationError):
@@ -63,52 +52,3 @@ class BudgetExceededError(ClientError):
     status_code = 402
     error_type = "insufficient_quota"
     code = "budget_exceeded"
-
-
-def error_response(err: OpenTelaError, request_id: str | None = None) -> Response:
-    """The OpenAI-shaped JSON error; limit errors carry Retry-After and the reset time."""
-    headers: dict[str, str] = {}
-    if request_id:
-        headers["X-Otela-Request-Id"] = request_id
-    body: dict[str, Any] = err.to_openai()
-    if "retry_after" in err.details:
-        headers["Retry-After"] = str(max(1, int(err.details["retry_after"] + 0.999)))
-    if "resets_at" in err.details:
-        body["error"]["resets_at"] = err.details["resets_at"]
-        headers["X-Otela-Limit-Resets-At"] = str(int(err.details["resets_at"]))
-    if "limit" in err.details:
-        body["error"]["limit"] = err.details["limit"]
-    return Response(
-        json.dumps(body), status_code=err.status_code, media_type="application/json", headers=headers
-    )
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error the app can raise leaves as OpenAI error JSON with the right status."""
-
-    async def on_otela(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, OpenTelaError)
-        return error_response(exc, getattr(request.state, "request_id", None))
-
-    async def on_http(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        err = InvalidRequestError(str(exc.detail))
-        err.status_code = exc.status_code
-        err.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        return error_response(err, getattr(request.state, "request_id", None))
-
-    async def on_validation(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        err = InvalidRequestError(f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)
-        return error_response(err, getattr(request.state, "request_id", None))
-
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(OpenTelaError("internal error"), getattr(request.state, "request_id", None))
-
-    app.add_exception_handler(OpenTelaError, on_otela)
-    app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(Exception, on_unexpected)
