@@ -11,6 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
 from opentela import __version__
+from opentela.frontend.access_log import AccessLogMiddleware
 from opentela.frontend.error_handlers import install_error_handlers
 from opentela.frontend.routes import admin, dashboard, openai
 from opentela.frontend.routes.dashboard import STATIC
@@ -32,6 +33,7 @@ def create_app(state: FrontendState) -> FastAPI:
         title="OpenTela frontend", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None
     )
     app.state.frontend = state
+    app.add_middleware(AccessLogMiddleware)
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(admin.router)

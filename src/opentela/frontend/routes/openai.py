@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
-import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,7 +22,6 @@ logger = logging.getLogger(__name__)
 router = APIRouter(tags=["OpenAI-compatible API"])
 
 TRUST_HEADER = "X-Otela-Trusted-Providers"
-_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def _body_doc(required: list[str], example: dict[str, Any]) -> dict[str, Any]:
@@ -68,15 +65,9 @@ def trusted_providers(key: ApiKey, asked: str | None) -> list[str] | None:
     return narrowed
 
 
-def _request_id(request: Request) -> str:
-    given = request.headers.get("x-request-id", "")
-    return given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
-
-
 async def _inference(request: Request) -> Response:
     st: FrontendState = state_of(request)
-    request_id = _request_id(request)
-    request.state.request_id = request_id
+    request_id: str = request.state.request_id  # given by the access-log middleware
     key = await authenticate(request)
     raw = await read_limited(request, st.config.max_body_bytes)
     body = parse_body(raw)
