@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import case, func, or_, select, update
+from sqlalchemy import case, func, insert, or_, select, update
 
 from opentela.frontend.db import Database
 from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
@@ -115,8 +115,8 @@ class UsageLedger:
             refusal = check(limits_of(key), await self.consumption(key, now, s), now)
             if refusal is not None:
                 raise refusal_error(refusal, now)
-            s.add(
-                UsageRow(
+            await s.execute(
+                insert(UsageRow).values(
                     id=row_id,
                     request_id=request_id,
                     key_id=key.id,
