@@ -117,6 +117,12 @@ async def test_completions_and_models(frontend: Frontend) -> None:
         async with http.get(frontend.url + "/v1/models") as r:
             listing = await r.json()
     assert {r["provider_id"] for r in listing["data"][0]["replicas"]} == {"demo-provider-2"}
+    # The demo's engines serve chat only: their 501 for embeddings reaches the client, and the row says so.
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as http:
+        async with http.post(frontend.url + "/v1/embeddings", json={"model": MODEL_ID, "input": "hi"}) as r:
+            assert r.status == 501 and "error" in await r.json()
+            row = await _row(frontend, r.headers["X-Otela-Usage-Row"])
+    assert (row.status, row.http_status, row.endpoint) == ("error", 501, "/v1/embeddings")
     await client.close()
 
 
