@@ -29,6 +29,22 @@ def otela(*args: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+async def otela_async(*args: str, env: dict[str, str] | None = None, expect: int = 0) -> str:
+    """Run `otela` without blocking the loop; stdout on the expected exit code, stderr otherwise."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "opentela",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == expect, err.decode()
+    return out.decode() if expect == 0 else err.decode()
+
+
 def test_keys_create_list_rotate_revoke_usage(tmp_path: Path) -> None:
     # The commands are the same on PostgreSQL; the store under them is tested on both in test_store.py.
     db_url = f"sqlite:///{tmp_path / 'keys.db'}"
@@ -114,6 +130,20 @@ async def test_ingress_with_frontend_in_one_process(tmp_path: Path) -> None:
                 assert r.status == 201
             async with session.get(f"http://127.0.0.1:{front}/api/mesh/health") as r:
                 assert (await r.json())["status"] == "ok"
+        # `otela keys` through the running frontend's admin API, with the admin token as the credential.
+        remote = ("keys", "--frontend", f"http://127.0.0.1:{front}", "--json")
+        made = json.loads(
+            await otela_async(*remote, "--admin-token", token, "create", "--name", "remote", "--rpm", "5")
+        )
+        assert made["key"]["rpm_limit"] == 5 and made["secret"].startswith("otela-")
+        listing = json.loads(await otela_async(*remote, "list", env={"OTELA_FRONTEND_ADMIN_TOKEN": token}))
+        assert {k["name"] for k in listing} == {"e", "remote"}
+        revoked = json.loads(
+            await otela_async(*remote, "--admin-token", token, "revoke", made["key"]["prefix"])
+        )
+        assert revoked["state"] == "revoked"
+        refused = await otela_async(*remote, "--admin-token", "otela-admin-wrong", "list", expect=2)
+        assert "401" in refused
         assert "frontend  http://127.0.0.1:" in node.log_text()
     finally:
         await node.stop()
