@@ -147,6 +147,10 @@ async def test_admin_api_keys_lifecycle_and_export(frontend: Frontend) -> None:
         user = {"Authorization": f"Bearer {secret}"}
         async with http.post(url + "/v1/chat/completions", json=CHAT, headers=user) as r:
             assert r.status == 200
+            assert (r.headers["x-ratelimit-limit-requests"], r.headers["x-ratelimit-remaining-requests"]) == (
+                "30",
+                "29",
+            )
         async with http.get(url + "/v1/usage", headers=user) as r:
             mine = await r.json()
         assert mine["key"]["name"] == "carol" and sum(a["requests"] for a in mine["aggregates"]) == 1

@@ -9,11 +9,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from opentela.errors import InvalidRequestError, OpenTelaError
 
 logger = logging.getLogger(__name__)
+
+
+class DatabaseUnavailableError(OpenTelaError):
+    """The usage database does not answer: nothing is forwarded unmetered."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "database_unavailable"
+    retryable = True
 
 
 def error_response(err: OpenTelaError, request_id: str | None = None) -> Response:
@@ -65,6 +75,13 @@ def install_error_handlers(app: FastAPI) -> None:
         err = InvalidRequestError(f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)
         return error_response(err, getattr(request.state, "request_id", None))
 
+    async def on_database(request: Request, exc: Exception) -> Response:
+        logger.error("database error on %s %s: %s", request.method, request.url.path, exc)
+        err = DatabaseUnavailableError(
+            "the usage database is not answering; the request was not forwarded", retry_after=5.0
+        )
+        return error_response(err, getattr(request.state, "request_id", None))
+
     async def on_unexpected(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(OpenTelaError("internal error"), getattr(request.state, "request_id", None))
@@ -72,4 +89,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenTelaError, on_otela)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(OperationalError, on_database)
+    app.add_exception_handler(InterfaceError, on_database)
     app.add_exception_handler(Exception, on_unexpected)

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from opentela.errors import AuthenticationError, InvalidRequestError
 from opentela.frontend.db import Database
@@ -191,11 +191,6 @@ class KeyStore:
         if key.expires_at is not None and key.expires_at <= now:
             raise KeyExpiredError(f"API key {key.prefix}... expired at {_iso(key.expires_at)}")
         return key
-
-    async def touch(self, key_id: str, now: float) -> None:
-        """Record when a key was last used."""
-        async with self.db.session() as s, s.begin():
-            await s.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=now))
 
 
 def _iso(ts: float) -> str:

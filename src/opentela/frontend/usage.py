@@ -44,6 +44,7 @@ class Admission:
     model: str
     started_at: float
     input_estimate: int
+    limit_headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -60,6 +61,22 @@ class Outcome:
     ttft_ms: float | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def remaining_headers(key: ApiKey, used: Consumption, input_estimate: int) -> dict[str, str]:
+    """What is left of each limit after this request was admitted, in OpenAI's x-ratelimit-* style."""
+    out: dict[str, str] = {}
+    if key.rpm_limit is not None:
+        out["x-ratelimit-limit-requests"] = str(key.rpm_limit)
+        out["x-ratelimit-remaining-requests"] = str(max(0, key.rpm_limit - used.minute_requests - 1))
+    if key.tpm_limit is not None:
+        out["x-ratelimit-limit-tokens"] = str(key.tpm_limit)
+        out["x-ratelimit-remaining-tokens"] = str(max(0, key.tpm_limit - used.minute_tokens - input_estimate))
+    if key.budget_requests is not None:
+        out["x-otela-budget-remaining-requests"] = str(max(0, key.budget_requests - used.period_requests - 1))
+    if key.budget_tokens is not None:
+        out["x-otela-budget-remaining-tokens"] = str(max(0, key.budget_tokens - used.period_tokens))
+    return out
 
 
 class UsageLedger:
@@ -112,7 +129,8 @@ class UsageLedger:
         row_id = uuid.uuid4().hex
         async with self.db.session() as s, s.begin():
             await s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
-            refusal = check(limits_of(key), await self.consumption(key, now, s), now)
+            used = await self.consumption(key, now, s)
+            refusal = check(limits_of(key), used, now)
             if refusal is not None:
                 raise refusal_error(refusal, now)
             await s.execute(
@@ -133,7 +151,15 @@ class UsageLedger:
                     sampling=sampling,
                 )
             )
-        return Admission(row_id, request_id, key.id, model, now, input_estimate)
+        return Admission(
+            row_id,
+            request_id,
+            key.id,
+            model,
+            now,
+            input_estimate,
+            remaining_headers(key, used, input_estimate),
+        )
 
     async def checkpoint(
         self, admission: Admission, output_tokens: int, provider: str | None, node: str | None

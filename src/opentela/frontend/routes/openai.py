@@ -96,6 +96,7 @@ async def _inference(request: Request) -> Response:
     )
     response = await forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
     response.headers.setdefault("X-Otela-Request-Id", request_id)
+    response.headers.update(admission.limit_headers)
     return response
 
 
