@@ -85,10 +85,13 @@ async def test_catalog_and_node_map_show_the_demo_mesh(
     await page.wait_for_function(
         "document.querySelectorAll('#nodes tr[data-peer]').length >= 3", timeout=30_000
     )
-    rows = await page.locator("#nodes tr[data-peer]").all_inner_texts()
-    by_provider = {r.split("\t")[1]: r for r in rows}
+    rows = page.locator("#nodes tr[data-peer]")
+    by_provider = {}
+    for i in range(await rows.count()):
+        row = rows.nth(i)
+        by_provider[(await row.locator('td[data-label="Provider"]').inner_text()).strip()] = await row.inner_text()
     assert set(by_provider) == {"ingress", "demo-provider-1", "demo-provider-2"}
-    assert all("healthy" in r for r in rows)
+    assert all("healthy" in r for r in by_provider.values())
     # The workers serve the model; the demo's ingress runs no engine, so it stays in JOIN.
     assert "SERVING" in by_provider["demo-provider-1"] and "SERVING" in by_provider["demo-provider-2"]
     assert "JOIN" in by_provider["ingress"] and "(ingress)" in by_provider["ingress"]

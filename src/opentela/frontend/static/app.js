@@ -113,13 +113,13 @@ async function loadNodes() {
         suspected.has(r.peer_id) ? `<span class="badge suspected">suspected</span>` : `<span class="badge healthy">healthy</span>`;
       const roles = (r.roles || []).length ? ` <span class="muted">(${esc(r.roles.join(", "))})</span>` : "";
       return `<tr data-peer="${esc(r.peer_id)}" data-session="${esc(r.session_id)}">
-        <td class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}${roles}</td>
-        <td>${esc(r.provider_id)}</td>
-        <td><span class="badge ${esc(r.lifecycle)}">${esc(r.lifecycle)}</span></td>
-        <td>${health}</td>
-        <td>${esc(hardwareText(r.hardware))}</td>
-        <td>${esc((r.models || []).map((m) => m.id).join(", ") || "-")}</td>
-        <td>${esc(ago(r.updated_at))}</td></tr>`;
+        <td data-label="Node" class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}${roles}</td>
+        <td data-label="Provider">${esc(r.provider_id)}</td>
+        <td data-label="Lifecycle"><span class="badge ${esc(r.lifecycle)}">${esc(r.lifecycle)}</span></td>
+        <td data-label="Health">${health}</td>
+        <td data-label="Hardware">${esc(hardwareText(r.hardware))}</td>
+        <td data-label="Models">${esc((r.models || []).map((m) => m.id).join(", ") || "-")}</td>
+        <td data-label="Updated">${esc(ago(r.updated_at))}</td></tr>`;
     }).join("") || `<tr><td colspan="7" class="muted">No nodes.</td></tr>`;
   } catch (e) {
     body.innerHTML = `<tr><td colspan="7" class="msg error">Cannot read the node map: ${esc(e.message)}</td></tr>`;
@@ -292,10 +292,10 @@ async function loadKeys() {
     $("#admin-area").classList.remove("hidden");
     $("#keys-table tbody").innerHTML = keys.map((k) => `
       <tr class="key-row" data-id="${esc(k.id)}" data-name="${esc(k.name)}">
-        <td>${esc(k.name || "-")}</td><td class="mono">${esc(k.prefix)}…</td>
-        <td><span class="badge ${esc(k.state)}">${esc(k.state)}</span></td>
-        <td>${esc(limitsText(k))}</td><td>${esc(ago(k.last_used_at))}</td>
-        <td class="row">${k.state === "revoked" ? "" : `<button class="secondary rotate-btn">Rotate</button><button class="danger revoke-btn">Revoke</button>`}</td>
+        <td data-label="Name">${esc(k.name || "-")}</td><td data-label="Prefix" class="mono">${esc(k.prefix)}…</td>
+        <td data-label="State"><span class="badge ${esc(k.state)}">${esc(k.state)}</span></td>
+        <td data-label="Limits">${esc(limitsText(k))}</td><td data-label="Last used">${esc(ago(k.last_used_at))}</td>
+        <td class="row actions-cell">${k.state === "revoked" ? "" : `<button class="secondary rotate-btn">Rotate</button><button class="danger revoke-btn">Revoke</button>`}</td>
       </tr>`).join("") || `<tr><td colspan="6" class="muted">No keys yet.</td></tr>`;
   } catch (e) {
     $("#admin-area").classList.add("hidden");
@@ -357,7 +357,8 @@ $("#keys-table").addEventListener("click", async (ev) => {
 // ---- usage ------------------------------------------------------------------------------------------------
 function chart(series, bucket, hours) {
   const box = $("#usage-chart");
-  const W = 900, H = 220, L = 52, B = 26, T = 10;
+  // Drawn at the box's own width, so labels keep their size on a phone.
+  const W = Math.max(300, box.clientWidth || 900), H = 220, L = 52, B = 26, T = 10;
   const now = Date.now() / 1000;
   const start = Math.floor((now - hours * 3600) / bucket) * bucket;
   const n = Math.max(1, Math.ceil((now - start) / bucket));
@@ -370,7 +371,7 @@ function chart(series, bucket, hours) {
     const d = new Date(t * 1000);
     return bucket >= 86400 ? d.toISOString().slice(5, 10) : d.toTimeString().slice(0, 5);
   };
-  const every = Math.max(1, Math.ceil(n / 8));
+  const every = Math.max(1, Math.ceil(n / Math.max(3, Math.floor(W / 110))));
   let bars = "";
   pts.forEach((p, i) => {
     const x = L + i * bw + bw * 0.12, w = Math.max(1, bw * 0.76);
@@ -415,10 +416,10 @@ async function loadUsage() {
     ["output tokens", sum("output_tokens")]].map(([l, v]) => `<div class="stat"><div class="v">${fmtInt(v)}</div><div class="l">${l}</div></div>`).join("");
   chart(series, bucket, hours);
   $("#usage-rows tbody").innerHTML = rows.map((r) => `<tr>
-      <td>${esc(ago(r.started_at))}</td><td>${esc(r.model)}${r.stream ? ' <span class="muted">stream</span>' : ""}</td>
-      <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
-      <td>${fmtInt(r.input_tokens)}${r.tokens_estimated ? "*" : ""}</td><td>${fmtInt(r.output_tokens)}${r.tokens_estimated ? "*" : ""}</td>
-      <td class="hide-narrow">${fmtMs(r.ttft_ms)}</td><td>${fmtMs(r.latency_ms)}</td><td class="mono hide-narrow">${esc(short(r.node))}</td></tr>`).join("")
+      <td data-label="When">${esc(ago(r.started_at))}</td><td data-label="Model">${esc(r.model)}${r.stream ? ' <span class="muted">stream</span>' : ""}</td>
+      <td data-label="Status"><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
+      <td data-label="In">${fmtInt(r.input_tokens)}${r.tokens_estimated ? "*" : ""}</td><td data-label="Out">${fmtInt(r.output_tokens)}${r.tokens_estimated ? "*" : ""}</td>
+      <td data-label="TTFT">${fmtMs(r.ttft_ms)}</td><td data-label="Latency">${fmtMs(r.latency_ms)}</td><td data-label="Node" class="mono">${esc(short(r.node))}</td></tr>`).join("")
     || `<tr><td colspan="8" class="muted">No requests yet.</td></tr>`;
 }
 $("#usage-hours").addEventListener("change", loadUsage);
