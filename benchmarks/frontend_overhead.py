@@ -3,7 +3,7 @@ the ingress, against calling the ingress directly.
 
 Real processes on loopback: an ingress, one worker with the simulated engine at a fixed latency, and `otela frontend`
 on SQLite (or the database given with --db). Requests alternate between the frontend and the ingress, so both paths
-see the same machine load. Prints JSON and writes docs/benchmarks/frontend.{json,md}.
+see the same machine load. Prints JSON and writes docs/benchmarks/frontend_{sqlite,postgresql}.{json,md}.
 
     python benchmarks/frontend_overhead.py [--requests 500] [--db postgresql://...]
 """
@@ -160,8 +160,9 @@ async def main() -> int:
     print(json.dumps(result, indent=2))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "frontend.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "frontend.md").write_text(render_markdown(result))
+    stem = f"frontend_{result['database']}"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(render_markdown(result))
     return 0
 
 

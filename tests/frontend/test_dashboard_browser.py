@@ -89,7 +89,9 @@ async def test_catalog_and_node_map_show_the_demo_mesh(
     by_provider = {}
     for i in range(await rows.count()):
         row = rows.nth(i)
-        by_provider[(await row.locator('td[data-label="Provider"]').inner_text()).strip()] = await row.inner_text()
+        by_provider[
+            (await row.locator('td[data-label="Provider"]').inner_text()).strip()
+        ] = await row.inner_text()
     assert set(by_provider) == {"ingress", "demo-provider-1", "demo-provider-2"}
     assert all("healthy" in r for r in by_provider.values())
     # The workers serve the model; the demo's ingress runs no engine, so it stays in JOIN.

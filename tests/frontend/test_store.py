@@ -221,3 +221,26 @@ async def test_migrations_are_idempotent_and_match_the_models(db_url: str) -> No
         assert diff == [] and version == "0001"
     finally:
         await db.aclose()
+
+
+async def test_limits_at_deployment_scale_and_unset_lists_are_null(db_url: str) -> None:
+    """The paper's deployment metered 15 billion tokens: limits are 64-bit; an unset list is SQL NULL."""
+    from opentela.errors import InvalidRequestError
+
+    db = await Database.open(db_url)
+    try:
+        store = KeyStore(db)
+        key, _ = await store.create(KeySettings(budget_tokens=15_000_000_000, tpm_limit=5_000_000_000))
+        (adm,) = await _admit(UsageLedger(db, "t"), key)
+        assert adm.limit_headers["x-otela-budget-remaining-tokens"] == "15000000000"
+        with pytest.raises(InvalidRequestError, match="budget_tokens must be between"):
+            await store.create(KeySettings(budget_tokens=2**63))
+        async with db.session() as s:
+            nulls = (
+                await s.execute(
+                    text("SELECT allowed_models IS NULL, trusted_providers IS NULL FROM api_keys")
+                )
+            ).one()
+        assert tuple(nulls) == (True, True)
+    finally:
+        await db.aclose()

@@ -20,6 +20,7 @@ from opentela.frontend.schema import ApiKey
 
 KEY_SCHEME = "otela-"
 PREFIX_CHARS = len(KEY_SCHEME) + 8
+MAX_LIMIT = 2**62  # limits are 64-bit integers in the database
 
 
 def new_secret() -> str:
@@ -65,8 +66,8 @@ class KeySettings:
             )
         for name in ("budget_tokens", "budget_requests", "rpm_limit", "tpm_limit"):
             value = getattr(self, name)
-            if value is not None and value < 0:
-                raise InvalidRequestError(f"{name} must be zero or more", param=name)
+            if value is not None and not 0 <= value <= MAX_LIMIT:
+                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LIMIT}", param=name)
         if len(self.name) > 200:
             raise InvalidRequestError("name is longer than 200 characters", param="name")
         return self

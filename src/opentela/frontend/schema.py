@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -24,13 +24,13 @@ class ApiKey(Base):
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    budget_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    budget_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    budget_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_requests: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     budget_period: Mapped[str] = mapped_column(String(16), default="month")
-    rpm_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    tpm_limit: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    allowed_models: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    trusted_providers: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    rpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    trusted_providers: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     log_content: Mapped[bool] = mapped_column(Boolean, default=True)
 
 
@@ -63,7 +63,7 @@ class UsageRow(Base):
     day: Mapped[str] = mapped_column(String(10))
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
-    sampling: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    sampling: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentela.frontend.errors import AdminRequiredError
-from opentela.frontend.keys import KeySettings, key_info, tokens_match
+from opentela.frontend.keys import MAX_LIMIT, KeySettings, key_info, tokens_match
 from opentela.frontend.routes.openai import usage_json
 from opentela.frontend.state import bearer_token, state_of
 
@@ -32,11 +32,11 @@ class KeyCreate(BaseModel):
     name: str = Field("", max_length=200, description="Who or what the key is for")
     expires_at: float | None = Field(None, description="Unix time after which the key stops working")
     expires_in_days: float | None = Field(None, gt=0, description="Alternative to expires_at")
-    budget_tokens: int | None = Field(None, ge=0, description="Tokens (input + output) per budget period")
-    budget_requests: int | None = Field(None, ge=0, description="Requests per budget period")
+    budget_tokens: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Tokens (input + output) per budget period")
+    budget_requests: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per budget period")
     budget_period: str = Field("month", description="day, week, month (UTC calendar) or total")
-    rpm_limit: int | None = Field(None, ge=0, description="Requests per minute")
-    tpm_limit: int | None = Field(None, ge=0, description="Tokens per minute")
+    rpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per minute")
+    tpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Tokens per minute")
     allowed_models: list[str] | None = Field(None, description="Models the key may use (null: all)")
     trusted_providers: list[str] | None = Field(
         None, description="Default trust allowlist of providers sent to the gateway (null: any provider)"

@@ -28,13 +28,13 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.Float, nullable=True),
         sa.Column("revoked_at", sa.Float, nullable=True),
         sa.Column("last_used_at", sa.Float, nullable=True),
-        sa.Column("budget_tokens", sa.Integer, nullable=True),
-        sa.Column("budget_requests", sa.Integer, nullable=True),
+        sa.Column("budget_tokens", sa.BigInteger, nullable=True),
+        sa.Column("budget_requests", sa.BigInteger, nullable=True),
         sa.Column("budget_period", sa.String(16), nullable=False),
-        sa.Column("rpm_limit", sa.Integer, nullable=True),
-        sa.Column("tpm_limit", sa.Integer, nullable=True),
-        sa.Column("allowed_models", sa.JSON, nullable=True),
-        sa.Column("trusted_providers", sa.JSON, nullable=True),
+        sa.Column("rpm_limit", sa.BigInteger, nullable=True),
+        sa.Column("tpm_limit", sa.BigInteger, nullable=True),
+        sa.Column("allowed_models", sa.JSON(none_as_null=True), nullable=True),
+        sa.Column("trusted_providers", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("log_content", sa.Boolean, nullable=False),
     )
     op.create_table(
@@ -58,7 +58,7 @@ def upgrade() -> None:
         sa.Column("day", sa.String(10), nullable=False),
         sa.Column("latency_ms", sa.Float, nullable=True),
         sa.Column("ttft_ms", sa.Float, nullable=True),
-        sa.Column("sampling", sa.JSON, nullable=True),
+        sa.Column("sampling", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("error", sa.Text, nullable=True),
     )
     op.create_index("ix_usage_key_started", "usage", ["key_id", "started_at"])
