@@ -26,5 +26,7 @@ def test_database_urls_get_async_drivers() -> None:
 
 
 def test_frontend_settings_from_environment() -> None:
-    config = load_config(None, env={"OTELA_FRONTEND_DB": "postgresql://u@h/d", "OTELA_FRONTEND_ENABLED": "yes"})
+    config = load_config(
+        None, env={"OTELA_FRONTEND_DB": "postgresql://u@h/d", "OTELA_FRONTEND_ENABLED": "yes"}
+    )
     assert config.frontend.db == "postgresql://u@h/d" and config.frontend.enabled

@@ -32,7 +32,9 @@ class KeyCreate(BaseModel):
     name: str = Field("", max_length=200, description="Who or what the key is for")
     expires_at: float | None = Field(None, description="Unix time after which the key stops working")
     expires_in_days: float | None = Field(None, gt=0, description="Alternative to expires_at")
-    budget_tokens: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Tokens (input + output) per budget period")
+    budget_tokens: int | None = Field(
+        None, ge=0, le=MAX_LIMIT, description="Tokens (input + output) per budget period"
+    )
     budget_requests: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per budget period")
     budget_period: str = Field("month", description="day, week, month (UTC calendar) or total")
     rpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per minute")
