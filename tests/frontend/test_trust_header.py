@@ -13,41 +13,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from frontend_helpers import start_frontend
 
 from opentela.frontend import Frontend
 from opentela.frontend.keys import KeySettings
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-
-
-@pytest_asyncio.fixture
-async def recording_ingress() -> AsyncIterator[tuple[str, list[dict[str, str]]]]:
-    """A stand-in ingress that records request headers and answers a fixed chat completion."""
-    seen: list[dict[str, str]] = []
-
-    async def chat(request: web.Request) -> web.Response:
-        seen.append({k.lower(): v for k, v in request.headers.items()})
-        reply = {
-            "choices": [{"message": {"role": "assistant", "content": "ok"}}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1},
-        }
-        return web.json_response(
-            reply, headers={"X-Otela-Provider": "lab-a", "X-Otela-Node": "12D3KooWstandin"}
-        )
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
 
 
 @pytest_asyncio.fixture

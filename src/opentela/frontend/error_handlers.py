@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from opentela.errors import InvalidRequestError, OpenTelaError
@@ -76,6 +76,8 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(err, getattr(request.state, "request_id", None))
 
     async def on_database(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, (DataError, IntegrityError, ProgrammingError)):
+            return await on_unexpected(request, exc)  # a bug of ours, not an outage
         logger.error("database error on %s %s: %s", request.method, request.url.path, exc)
         err = DatabaseUnavailableError(
             "the usage database is not answering; the request was not forwarded", retry_after=5.0
@@ -89,6 +91,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenTelaError, on_otela)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(OperationalError, on_database)
-    app.add_exception_handler(InterfaceError, on_database)
+    app.add_exception_handler(DBAPIError, on_database)
     app.add_exception_handler(Exception, on_unexpected)
