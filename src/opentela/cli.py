@@ -46,6 +46,17 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
         "--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"'
     )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
+    p.add_argument(
+        "--frontend",
+        action="store_true",
+        help="on an ingress, also run the API frontend (keys, usage, dashboard)",
+    )
+    p.add_argument(
+        "--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)"
+    )
+    p.add_argument(
+        "--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)"
+    )
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
     p.add_argument("--log-sink", metavar="PATH|URL", help="where a fail-stop ships its log tail")
     p.add_argument("--health-interval", type=float, metavar="S", help="seconds between engine health checks")
@@ -87,11 +98,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
     demo.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
     demo.add_argument(
+        "--frontend-http",
+        metavar="HOST:PORT",
+        help="API frontend and dashboard address (default 127.0.0.1:8093)",
+    )
+    demo.add_argument(
         "--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)"
     )
     demo.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
     demo.add_argument("--dir", metavar="DIR", help="where the demo keeps keys and logs (default: a temp dir)")
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the mesh to come up")
+
+    frontend = sub.add_parser(
+        "frontend", help="the API frontend: keys, limits, usage, dashboard, in front of an ingress"
+    )
+    frontend.add_argument("--ingress", metavar="URL", help="ingress base URL (default http://127.0.0.1:8092)")
+    frontend.add_argument("--db", metavar="URL", help="database URL (default: SQLite in the data directory)")
+    frontend.add_argument("--http", metavar="HOST:PORT", help="listen address (default 127.0.0.1:8093)")
+    frontend.add_argument(
+        "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
+    )
+    frontend.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
+    frontend.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
+    frontend.add_argument(
+        "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
+    )
+
+    from opentela.keys_cli import add_keys_arguments
+
+    add_keys_arguments(
+        sub.add_parser("keys", help="create, list, revoke, rotate API keys; usage; trace export")
+    )
 
     status = sub.add_parser("status", help="print the mesh as seen by an ingress")
     status.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
@@ -156,7 +193,14 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         gateway["http"] = args.http
     if args.max_body_bytes is not None:
         gateway["max_body_bytes"] = args.max_body_bytes
-    return {"node": node, "gateway": gateway, "fabric": fabric}
+    frontend: dict[str, Any] = {}
+    if args.frontend:
+        frontend["enabled"] = True
+    if args.frontend_http:
+        frontend["http"] = args.frontend_http
+    if args.db:
+        frontend["db"] = args.db
+    return {"node": node, "gateway": gateway, "fabric": fabric, "frontend": frontend}
 
 
 def _engine_command(args: argparse.Namespace) -> list[str]:
@@ -222,6 +266,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_flags = argparse.ArgumentParser(add_help=False)
             _add_start_flags(start_flags)
             return run_slurm(args, start_flags)
+        if args.cmd == "frontend":
+            from opentela.config import load_config
+            from opentela.frontend_runner import run_frontend
+
+            setup_logging(args.log_level, args.log_format)
+            flags = {
+                "ingress": args.ingress,
+                "db": args.db,
+                "http": args.http,
+                "admin_token": args.admin_token,
+            }
+            config = load_config(args.config, flags={"frontend": {k: v for k, v in flags.items() if v}})
+            return _run(run_frontend(config))
+        if args.cmd == "keys":
+            from opentela.config import load_config
+            from opentela.frontend_runner import frontend_db_url
+            from opentela.keys_cli import run_keys
+
+            config = load_config(args.config, flags={"frontend": {"db": args.db} if args.db else {}})
+            return _run(run_keys(args, frontend_db_url(config)))
         if args.cmd == "demo":
             from opentela.demo import run_demo
 

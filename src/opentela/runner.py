@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from opentela.config import OtelaConfig, config_home, state_home
 from opentela.engines._registry import engine_from_command, engine_from_name
@@ -61,6 +62,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, agent.request_stop, 0)
     gateway: Gateway | None = None
+    frontend: Any = None
     try:
         await agent.start()
         print(f"node      {agent.peer_id}", file=sys.stderr)
@@ -76,6 +78,13 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
             gateway = Gateway(agent, config.gateway)
             url = await gateway.start(host, port)
             print(f"api       {url}/v1", file=sys.stderr)
+            if config.frontend.enabled:
+                from opentela.frontend_runner import print_frontend, start_frontend
+
+                frontend = await start_frontend(config, ingress_url=url)
+                print_frontend(frontend, config)
+        elif config.frontend.enabled:
+            raise ConfigError("--frontend runs inside an ingress node: add --ingress")
         if agent.engine_log is not None:
             print(f"log       {agent.engine_log}", file=sys.stderr)
         if agent.log_sink is not None:
@@ -86,6 +95,8 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         # The handlers stay while the node leaves: a batch system often sends SIGTERM twice (to every process
         # of the job, and through the job's shell), and the second must not cut the LEFT announcement short.
         try:
+            if frontend is not None:
+                await frontend.aclose()
             if gateway is not None:
                 await gateway.aclose()
             await agent.aclose()
