@@ -13,7 +13,13 @@ DAY = 86400.0
 class RegistryConfig:
     """How records replicate, how peers are watched, and how long dead records are kept."""
 
-    fanout: int = field(default=3, metadata={"help": "Peers a changed record is pushed to at once."})
+    fanout: int = field(
+        default=4,
+        metadata={
+            "help": "Peers a changed record is pushed to at once (each replica pushes once; about e^-fanout of "
+            "the replicas miss the push and learn the change by anti-entropy instead)."
+        },
+    )
     anti_entropy_interval: float = field(
         default=2.0, metadata={"help": "Seconds between digest exchanges with one random peer."}
     )
