@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,18 +41,30 @@ class ControllerConfig:
     time_limit_s: float = 60.0
     """Solver time limit per round."""
     settings: SimSettings = field(default_factory=SimSettings)
+    served_as: Mapping[str, str] = field(default_factory=dict)
+    """Workload model (a scheduler catalog name) -> the model id nodes announce, where they differ."""
+    launch: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    """Workload model -> fields added to its ``assign`` message (``command`` template, ``engine``, ``options``)."""
+    scale_out: bool = True
+    """With no model pending, place every model again over the idle nodes (more replicas for popular models)."""
+    refused_backoff_s: float = 300.0
+    """How long a node that refused as `not_authorised` is left out of the plans."""
 
 
-def assignment_message(a: Assignment, engine: str) -> dict[str, Any]:
-    """The ``assign`` control message: start `a.model` with `engine` on GPUs `a.gpus`, tensor-parallel."""
-    return {
+def assignment_message(
+    a: Assignment, engine: str, launch: Mapping[str, Any] | None = None, served_as: str | None = None
+) -> dict[str, Any]:
+    """The ``assign`` control message: start `a.model` with `engine` (or `launch`'s command) on GPUs `a.gpus`."""
+    message = {
         "op": "assign",
-        "model": a.model,
+        "model": served_as or a.model,
         "engine": engine,
         "tp": a.tp,
         "gpus": list(a.gpus),
         "device": a.device,
     }
+    message.update(launch or {})
+    return message
 
 
 class FleetController:
@@ -67,21 +79,35 @@ class FleetController:
     ) -> None:
         self.config, self._records, self._send, self._catalog = config, records, send, catalog
         self._in_flight: dict[str, tuple[float, str]] = {}  # peer id -> (when it was told, which model)
+        self._refused: dict[str, float] = {}  # peer id -> when it refused as not authorised
         self.rounds = 0
+        self.assigned: list[tuple[str, str]] = []  # (peer id, model) of every accepted assignment
 
     def __repr__(self) -> str:
         return f"<FleetController rounds={self.rounds} in_flight={len(self._in_flight)}>"
 
+    def served_id(self, model: str) -> str:
+        """The model id nodes announce for workload model `model`."""
+        return self.config.served_as.get(model, model)
+
     def pending(self, records: Sequence[Any]) -> list[Workload]:
         """Workloads whose model no live node serves yet, nor is being started on one."""
         starting = {model for _, model in self._in_flight.values()}
-        served = starting | {
+        served = {
             m.id
             for r in records
             if Lifecycle(r.lifecycle) in (Lifecycle.JOIN, Lifecycle.SERVING)
             for m in r.models
         }
-        return [w for w in self.config.workloads if w.rate > 0 and w.model not in served]
+        return [
+            w
+            for w in self.workloads()
+            if w.rate > 0 and w.model not in starting and self.served_id(w.model) not in served
+        ]
+
+    def workloads(self) -> Sequence[Workload]:
+        """This round's workloads (the configured ones; a subclass or wrapper may observe them instead)."""
+        return self.config.workloads
 
     def decide(self, now: float | None = None) -> list[Assignment]:
         """This round's assignments (blocking: simulation and solve); empty when there is nothing to do."""
@@ -89,30 +115,52 @@ class FleetController:
         self._in_flight = {
             p: (t, m) for p, (t, m) in self._in_flight.items() if now - t < self.config.assign_timeout_s
         }
+        self._refused = {
+            p: t for p, t in self._refused.items() if now - t < self.config.refused_backoff_s
+        }
         records = list(self._records())
-        pending = self.pending(records)
-        nodes = [n for n in idle_nodes(records) if n.peer_id not in self._in_flight]
-        if not pending or not nodes:
+        nodes = [
+            n for n in idle_nodes(records) if n.peer_id not in self._in_flight and n.peer_id not in self._refused
+        ]
+        if not nodes:
             return []
+        wanted = self.pending(records)
+        if not wanted and self.config.scale_out:
+            # Unallocated resources serve the models with traffic; running replicas stay where they are.
+            starting = {model for _, model in self._in_flight.values()}
+            wanted = [w for w in self.workloads() if w.rate > 0 and w.model not in starting]
+        if not wanted:
+            return []
+        # Every model placed must be served, so with fewer devices than models the most requested go first.
+        wanted = sorted(wanted, key=lambda w: -w.rate)[: sum(n.devices for n in nodes)]
+        while wanted:
+            assignments = self._place(wanted, nodes)
+            if assignments is not None:
+                return assignments
+            wanted = wanted[:-1]
+        return []
+
+    def _place(self, wanted: Sequence[Workload], nodes: Sequence[Any]) -> list[Assignment] | None:
+        """A plan of `wanted` over `nodes`, packed onto them; None when no placement serves all of them."""
         cluster = cluster_of(nodes, self._catalog)
-        problem = Problem(
-            cluster,
-            list(pending),
-            TableBuilder(settings=self.config.settings),
-            time_limit_s=self.config.time_limit_s,
-        )
         try:
+            problem = Problem(
+                cluster,
+                list(wanted),
+                TableBuilder(settings=self.config.settings),
+                time_limit_s=self.config.time_limit_s,
+            )
             plan = get_policy(self.config.policy).place(problem)
         except OpenTelaError as exc:
-            logger.warning("placement.failed", extra={"error": str(exc), "models": len(pending)})
-            return []
+            logger.warning("placement.failed", extra={"error": str(exc), "models": len(wanted)})
+            return None
         violations = check_plan(problem, plan)
         if violations:
             logger.error(
                 "placement.invalid", extra={"policy": self.config.policy, "errors": "; ".join(violations)}
             )
-            return []
-        assignments, missing = assign(plan, nodes)
+            return None
+        assignments, missing = assign(plan, nodes, one_per_node=True)
         if missing:
             logger.warning("placement.unplaced", extra={"replicas": len(missing)})
         return assignments
@@ -125,16 +173,28 @@ class FleetController:
         for a in assignments:
             self._in_flight[a.peer_id] = (time.monotonic(), a.model)
             try:
-                answer = await self._send(a.peer_id, assignment_message(a, self.config.engine))
-            except (OpenTelaError, OSError) as exc:
-                answer = {"ok": False, "error": str(exc)}
+                message = assignment_message(
+                    a, self.config.engine, self.config.launch.get(a.model), self.served_id(a.model)
+                )
+                answer = await self._send(a.peer_id, message)
+            except (OpenTelaError, OSError, TimeoutError) as exc:
+                answer = {"ok": False, "error": str(exc) or type(exc).__name__}
             if not answer.get("ok"):
                 self._in_flight.pop(a.peer_id, None)
+                if answer.get("code") == "not_authorised":
+                    self._refused[a.peer_id] = time.monotonic()
                 logger.warning(
-                    "assign.failed", extra={"peer_id": a.peer_id, "error": answer.get("error", "")}
+                    "assign.refused",
+                    extra={
+                        "peer_id": a.peer_id,
+                        "model": a.model,
+                        "code": answer.get("code", ""),
+                        "error": answer.get("error", ""),
+                    },
                 )
             else:
-                logger.info("assign.complete", extra={"peer_id": a.peer_id, "model": a.model, "tp": a.tp})
+                self.assigned.append((a.peer_id, a.model))
+                logger.info("assign.accepted", extra={"peer_id": a.peer_id, "model": a.model, "tp": a.tp})
             results.append((a, answer))
         return results
 
