@@ -115,12 +115,12 @@ class FleetController:
         self._in_flight = {
             p: (t, m) for p, (t, m) in self._in_flight.items() if now - t < self.config.assign_timeout_s
         }
-        self._refused = {
-            p: t for p, t in self._refused.items() if now - t < self.config.refused_backoff_s
-        }
+        self._refused = {p: t for p, t in self._refused.items() if now - t < self.config.refused_backoff_s}
         records = list(self._records())
         nodes = [
-            n for n in idle_nodes(records) if n.peer_id not in self._in_flight and n.peer_id not in self._refused
+            n
+            for n in idle_nodes(records)
+            if n.peer_id not in self._in_flight and n.peer_id not in self._refused
         ]
         if not nodes:
             return []

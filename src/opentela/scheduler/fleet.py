@@ -54,7 +54,9 @@ def cpu_device(cpu: Mapping[str, Any], ram_mib: int = 0) -> Device:
         ghz=2.0,
         cpuinfo=f"flags\t: {flags}\nmodel name\t: {cpu.get('model', 'unknown')}\n",
     )
-    extension = next((f for f in ("amx_int8", "avx512_vnni", "avx512f", "avx2") if f in flags.split()), "scalar")
+    extension = next(
+        (f for f in ("amx_int8", "avx512_vnni", "avx512f", "avx2") if f in flags.split()), "scalar"
+    )
     memory = ram_mib / 1024 if ram_mib > 0 else entry.memory_gib
     return replace(entry, name=f"CPU-{threads}T-{extension}", memory_gib=memory)
 

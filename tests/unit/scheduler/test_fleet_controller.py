@@ -113,7 +113,7 @@ async def test_messages_carry_the_served_id_and_the_launch_template() -> None:
     launch = {"Qwen3-1.7B": {"command": "vllm serve {model} --port {port}"}}
     fleet = controller(mesh, served_as={"Qwen3-1.7B": "org/qwen-ft"}, launch=launch)
     await fleet.run_round()
-    (peer, message), *_ = mesh.sent
+    (_, message), *_ = mesh.sent
     assert message["model"] == "org/qwen-ft" and message["command"] == "vllm serve {model} --port {port}"
 
 
