@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentela._types import Lifecycle
@@ -55,14 +55,15 @@ def assignment_message(
     a: Assignment, engine: str, launch: Mapping[str, Any] | None = None, served_as: str | None = None
 ) -> dict[str, Any]:
     """The ``assign`` control message: start `a.model` with `engine` (or `launch`'s command) on GPUs `a.gpus`."""
-    message = {
+    message: dict[str, Any] = {
         "op": "assign",
         "model": served_as or a.model,
-        "engine": engine,
         "tp": a.tp,
         "gpus": list(a.gpus),
         "device": a.device,
     }
+    if engine:
+        message["engine"] = engine
     message.update(launch or {})
     return message
 
@@ -78,10 +79,13 @@ class FleetController:
         catalog: HardwareCatalog | None = None,
     ) -> None:
         self.config, self._records, self._send, self._catalog = config, records, send, catalog
-        self._in_flight: dict[str, tuple[float, str]] = {}  # peer id -> (when it was told, which model)
+        # peer id -> (when it was told, which model, its record's version then)
+        self._in_flight: dict[str, tuple[float, str, int]] = {}
         self._refused: dict[str, float] = {}  # peer id -> when it refused as not authorised
         self.rounds = 0
         self.assigned: list[tuple[str, str]] = []  # (peer id, model) of every accepted assignment
+        self.observed_rates: dict[str, float] = {}
+        """Workload model -> requests per second seen at the ingress; replaces the configured rate."""
 
     def __repr__(self) -> str:
         return f"<FleetController rounds={self.rounds} in_flight={len(self._in_flight)}>"
@@ -92,7 +96,7 @@ class FleetController:
 
     def pending(self, records: Sequence[Any]) -> list[Workload]:
         """Workloads whose model no live node serves yet, nor is being started on one."""
-        starting = {model for _, model in self._in_flight.values()}
+        starting = {model for _, model, _ in self._in_flight.values()}
         served = {
             m.id
             for r in records
@@ -105,18 +109,22 @@ class FleetController:
             if w.rate > 0 and w.model not in starting and self.served_id(w.model) not in served
         ]
 
-    def workloads(self) -> Sequence[Workload]:
-        """This round's workloads (the configured ones; a subclass or wrapper may observe them instead)."""
-        return self.config.workloads
+    def workloads(self) -> list[Workload]:
+        """This round's workloads: the configured ones, at the observed rate where one is known."""
+        return [
+            replace(w, rate=self.observed_rates[w.model]) if w.model in self.observed_rates else w
+            for w in self.config.workloads
+        ]
 
-    def decide(self, now: float | None = None) -> list[Assignment]:
+    def decide(self, now: float | None = None, records: Sequence[Any] | None = None) -> list[Assignment]:
         """This round's assignments (blocking: simulation and solve); empty when there is nothing to do."""
         now = time.monotonic() if now is None else now
+        records = list(self._records()) if records is None else records
+        self._settle(records, now)
         self._in_flight = {
-            p: (t, m) for p, (t, m) in self._in_flight.items() if now - t < self.config.assign_timeout_s
+            p: entry for p, entry in self._in_flight.items() if now - entry[0] < self.config.assign_timeout_s
         }
         self._refused = {p: t for p, t in self._refused.items() if now - t < self.config.refused_backoff_s}
-        records = list(self._records())
         nodes = [
             n
             for n in idle_nodes(records)
@@ -127,8 +135,7 @@ class FleetController:
         wanted = self.pending(records)
         if not wanted and self.config.scale_out:
             # Unallocated resources serve the models with traffic; running replicas stay where they are.
-            starting = {model for _, model in self._in_flight.values()}
-            wanted = [w for w in self.workloads() if w.rate > 0 and w.model not in starting]
+            wanted = [w for w in self.workloads() if w.rate > 0]
         if not wanted:
             return []
         # Every model placed must be served, so with fewer devices than models the most requested go first.
@@ -139,6 +146,22 @@ class FleetController:
                 return assignments
             wanted = wanted[:-1]
         return []
+
+    def _settle(self, records: Sequence[Any], now: float) -> None:
+        """Forget in-flight nodes that now serve, and back off from those whose assigned engine failed."""
+        by_peer = {r.peer_id: r for r in records}
+        for peer, (_, model, version) in list(self._in_flight.items()):
+            record = by_peer.get(peer)
+            if record is None:
+                continue
+            if record.models:
+                del self._in_flight[peer]
+            elif record.version > version and str(record.reason).startswith("assignment failed"):
+                del self._in_flight[peer]
+                self._refused[peer] = now
+                logger.warning(
+                    "assign.failed", extra={"peer_id": peer, "model": model, "reason": record.reason}
+                )
 
     def _place(self, wanted: Sequence[Workload], nodes: Sequence[Any]) -> list[Assignment] | None:
         """A plan of `wanted` over `nodes`, packed onto them; None when no placement serves all of them."""
@@ -168,10 +191,13 @@ class FleetController:
     async def run_round(self) -> list[tuple[Assignment, dict[str, Any]]]:
         """Decide off the event loop, then send every assignment; a peer that fails is free again next round."""
         self.rounds += 1
-        assignments = await asyncio.to_thread(self.decide)
+        # The records are read here, on the event loop that updates them; the solve runs in a thread.
+        records = list(self._records())
+        assignments = await asyncio.to_thread(self.decide, None, records)
+        versions = {r.peer_id: r.version for r in records}
         results = []
         for a in assignments:
-            self._in_flight[a.peer_id] = (time.monotonic(), a.model)
+            self._in_flight[a.peer_id] = (time.monotonic(), a.model, versions.get(a.peer_id, 0))
             try:
                 message = assignment_message(
                     a, self.config.engine, self.config.launch.get(a.model), self.served_id(a.model)
