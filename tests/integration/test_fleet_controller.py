@@ -51,6 +51,16 @@ async def records_by_provider(mesh: LocalMesh) -> dict[str, dict[str, Any]]:
     return {r["provider_id"]: r for r in live}
 
 
+async def run(*argv: str) -> str:
+    """Run an `otela` command to completion; its stdout (stderr goes to the test's output on failure)."""
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 async def chat(mesh: LocalMesh) -> tuple[int, str]:
     body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
     async with mesh.http().post(f"{mesh.api}/chat/completions", json=body) as resp:
@@ -73,23 +83,29 @@ async def test_controller_assigns_idle_nodes_and_uses_new_ones(tmp_path: Path) -
             records = await records_by_provider(mesh)
             return records if {"idle-a", "idle-b", "stranger"} <= set(records) else None
 
-        await mesh.wait_for(three_idle, timeout=60, what="three idle workers")
-        controller = NodeProcess(
+        records = await mesh.wait_for(three_idle, timeout=60, what="three idle workers")
+        argv = [
+            *OTELA,
             "controller",
-            [
-                *OTELA,
-                "controller",
-                "--ingress",
-                mesh.api.removesuffix("/v1"),
-                "--catalog",
-                str(catalog),
-                "--key-file",
-                str(key),
-                "--listen",
-                "127.0.0.1:0",
-            ],
-            mesh.logs / "controller.log",
-        )
+            "--ingress",
+            mesh.api.removesuffix("/v1"),
+            "--catalog",
+            str(catalog),
+            "--key-file",
+            str(key),
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        assert (await run(*argv, "--show-peer-id")).strip() == controller_id
+
+        # A dry run decides and prints, and nodes stay idle.
+        planned = [json.loads(line) for line in (await run(*argv, "--once", "--dry-run")).splitlines()]
+        assert planned and all(line["dry_run"] and line["model"] == MODEL for line in planned)
+        assert {line["peer_id"] for line in planned} <= {r["peer_id"] for r in records.values()}
+        records = await records_by_provider(mesh)
+        assert all(records[p]["lifecycle"] == "JOIN" for p in ("idle-a", "idle-b", "stranger"))
+
+        controller = NodeProcess("controller", argv, mesh.logs / "controller.log")
         mesh.nodes["controller"] = controller
         await controller.start()
 

@@ -123,3 +123,10 @@ async def test_a_refusing_node_is_offered_work_again_next_round() -> None:
     await fleet.run_round()
     await fleet.run_round()
     assert [p for p, _ in mesh.sent].count("a") >= 2
+
+
+async def test_observed_rates_replace_the_declared_ones() -> None:
+    fleet = controller(Mesh([]))
+    fleet.observed_rates = {"Qwen3-1.7B": 0.25}
+    rates = {w.model: w.rate for w in fleet.workloads()}
+    assert rates == {"Qwen3-1.7B": 0.25, "Llama-3.1-8B-Instruct": 5.0}
