@@ -36,6 +36,9 @@ def device_type(gpu_name: str) -> str | None:
     return None
 
 
+STARTING = "starting "
+"""How the record's reason of a node loading an assigned engine begins (node/control.py writes it)."""
+
 CPU_MEMORY_BANDWIDTH_GBS = 20.0
 """Memory bandwidth assumed for a CPU node (the record cannot tell it): a dual-channel DDR4 desktop's."""
 
@@ -91,6 +94,8 @@ def idle_nodes(records: Iterable[Any], *, cpu_nodes: bool = True) -> list[IdleNo
             continue
         if record.roles and "worker" not in record.roles:
             continue
+        if str(record.reason).startswith(STARTING):
+            continue  # loading an engine it was assigned: not idle, whoever assigned it
         hardware = record.hardware or {}
         by_type: dict[str, list[int]] = {}
         for gpu in hardware.get("gpus", ()):

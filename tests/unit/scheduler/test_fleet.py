@@ -108,7 +108,8 @@ def test_cpu_only_workers_are_one_cpu_device_and_other_roles_never_idle() -> Non
         )
         for r in records
     ]
-    nodes = idle_nodes(records)
+    loading = dataclasses.replace(records[0], peer_id="loading", reason="starting m for controller X")
+    nodes = idle_nodes([*records, loading])
     by_peer = {n.peer_id: n for n in nodes}
     assert set(by_peer) == {"w", "gpu"}
     node = by_peer["w"]
