@@ -589,6 +589,7 @@ class NodeAgent:
                 "rejected_records": self.registry.counters["rejected_not_member"],
             },
             "failures_by_session": dict(self._failures),
+            "control": dict(self.control.counters),
         }
 
     def health(self) -> dict[str, Any]:
