@@ -104,8 +104,9 @@ def request_counts(metrics_text: str) -> dict[str, float]:
 class ObservedRates:
     """Request rates per model at the ingress, from the change of its counters between two rounds."""
 
-    def __init__(self, ingress: str) -> None:
+    def __init__(self, ingress: str, min_window_s: float = 5.0) -> None:
         self.url = ingress.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.min_window_s = min_window_s
         self._last: tuple[float, dict[str, float]] | None = None
 
     async def sample(self, http: aiohttp.ClientSession) -> dict[str, float]:
@@ -117,8 +118,10 @@ class ObservedRates:
             logger.info("no metrics from the ingress: %s", exc)
             return {}
         now, counts = time.monotonic(), request_counts(text)
+        if self._last is not None and now - self._last[0] < self.min_window_s:
+            return {}  # too short a window to tell a rate: keep the older baseline
         last, self._last = self._last, (now, counts)
-        if last is None or now <= last[0]:
+        if last is None:
             return {}
         elapsed = now - last[0]
         return {m: max(c - last[1].get(m, 0.0), 0.0) / elapsed for m, c in counts.items()}

@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 
 from opentela.errors import ConfigError
-from opentela.fleetctl import observed_by_workload, request_counts
+from opentela.fleetctl import ObservedRates, observed_by_workload, request_counts
 from opentela.gateway.metrics import GatewayMetrics
 from opentela.scheduler.fleet_catalog import load_fleet_catalog, parse_fleet_catalog
 
@@ -99,3 +101,31 @@ def test_request_rates_come_from_the_gateway_counters() -> None:
     # qwen declares observe: false; a model without traffic keeps its declared rate.
     assert observed_by_workload(catalog, rates) == {"SmolLM2-135M-Instruct": 3.0}
     assert observed_by_workload(catalog, {}) == {}
+
+
+async def test_observed_rates_are_counter_changes_over_time() -> None:
+    metrics = GatewayMetrics()
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    try:
+        async with aiohttp.ClientSession() as http:
+            rates = ObservedRates(url, min_window_s=0.0)
+            assert await rates.sample(http) == {}  # a first sample is only a baseline
+            metrics.requests.labels("m", "a", "200").inc(10)
+            observed = await rates.sample(http)
+            assert observed["m"] > 0
+            patient = ObservedRates(url, min_window_s=3600.0)
+            await patient.sample(http)
+            metrics.requests.labels("m", "a", "200").inc(10)
+            assert await patient.sample(http) == {}  # too short a window
+    finally:
+        await runner.cleanup()
