@@ -129,3 +129,8 @@ async def test_observed_rates_are_counter_changes_over_time() -> None:
             assert await patient.sample(http) == {}  # too short a window
     finally:
         await runner.cleanup()
+
+
+def test_the_shipped_example_catalog_is_valid() -> None:
+    catalog = load_fleet_catalog(Path(__file__).parents[3] / "deploy/controller/catalog.yaml")
+    assert {m.id for m in catalog.models} >= {"Qwen/Qwen3-1.7B", "SmolLM2-135M-Instruct"}
