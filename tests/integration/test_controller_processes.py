@@ -143,3 +143,5 @@ async def test_controller_assigns_idle_nodes_and_uses_new_ones(tmp_path: Path) -
         statuses = await asyncio.gather(*(chat(mesh) for _ in range(6)))
         assert all(s == 200 for s, _ in statuses)
         assert controller.exited() is None, controller.log_tail()
+        status = await run(*OTELA, "status", "--ingress", mesh.api.removesuffix("/v1"))
+        assert "controller" in status and status.count("SmolLM2-135M-Instruct") >= 3
