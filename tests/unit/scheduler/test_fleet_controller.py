@@ -130,3 +130,11 @@ async def test_observed_rates_replace_the_declared_ones() -> None:
     fleet.observed_rates = {"Qwen3-1.7B": 0.25}
     rates = {w.model: w.rate for w in fleet.workloads()}
     assert rates == {"Qwen3-1.7B": 0.25, "Llama-3.1-8B-Instruct": 5.0}
+
+
+async def test_a_drifted_workload_changes_what_the_next_idle_node_gets() -> None:
+    mesh = Mesh([node("a", 1)])
+    fleet = controller(mesh)
+    fleet.observed_rates = {"Qwen3-1.7B": 0.5, "Llama-3.1-8B-Instruct": 30.0}
+    await fleet.run_round()
+    assert [m["model"] for _, m in mesh.sent] == ["Llama-3.1-8B-Instruct"]
