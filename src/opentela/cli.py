@@ -36,6 +36,17 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--role", choices=["worker", "ingress"], help="node role")
     p.add_argument(
+        "--controllers",
+        action="append",
+        metavar="PEERID",
+        help="peer id of a fleet controller allowed to assign a model to this idle node (repeatable)",
+    )
+    p.add_argument(
+        "--accept-assignments",
+        choices=["listed", "any"],
+        help="any: every peer may assign work here (local demos only); default listed: only --controllers",
+    )
+    p.add_argument(
         "--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)"
     )
     p.add_argument(
@@ -151,6 +162,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(sub.add_parser("simulate", help="simulate serving a model on a device type"))
     add_plan_arguments(sub.add_parser("plan", help="place models on a cluster's idle devices (CP-SAT)"))
 
+    from opentela.fleetctl import add_controller_arguments
+
+    add_controller_arguments(
+        sub.add_parser("controller", help="assign catalog models to idle nodes (fleet controller)")
+    )
+
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
@@ -176,6 +193,7 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "health_interval",
         "health_failures",
         "unhealthy_limit",
+        "accept_assignments",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -184,6 +202,8 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         node["bootstrap"] = tuple(args.bootstrap)
     if args.advertise:
         node["advertise"] = tuple(args.advertise)
+    if args.controllers:
+        node["controllers"] = tuple(args.controllers)
     if args.fatal_log_pattern:
         node["fatal_log_patterns"] = tuple(args.fatal_log_pattern)
     if args.ingress or args.role:
@@ -286,6 +306,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             config = load_config(args.config, flags={"frontend": {"db": args.db} if args.db else {}})
             return _run(run_keys(args, frontend_db_url(config)))
+        if args.cmd == "controller":
+            from opentela.fleetctl import run_controller
+
+            setup_logging(
+                os.environ.get("OTELA_LOG_LEVEL", "INFO"), os.environ.get("OTELA_LOG_FORMAT", "text")
+            )
+            return _run(run_controller(args))
         if args.cmd == "demo":
             from opentela.demo import run_demo
 

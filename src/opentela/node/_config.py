@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass, field
 
 from opentela.errors import ConfigError
+from opentela.fabric.identity import is_peer_id
 
 DEFAULT_FATAL_LOG_PATTERNS: tuple[str, ...] = (
     r"NCCL.*\btimeout\b",
@@ -123,6 +124,20 @@ class NodeConfig:
         default=10.0,
         metadata={"help": "Seconds shipping the log tail may take before the node exits anyway."},
     )
+    controllers: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Peer ids of the fleet controllers allowed to assign a model to this node while it is idle "
+            "(an assignment runs an engine command here); empty: the node refuses every assignment."
+        },
+    )
+    accept_assignments: str = field(
+        default="listed",
+        metadata={
+            "help": "`listed`: only the `controllers` may assign work; `any`: every peer of the mesh may "
+            "(it can then run commands on this machine: for local demos only)."
+        },
+    )
     log_tail_lines: int = field(
         default=200,
         metadata={"help": "Lines of the engine log and of the node's own log in a fail-stop report."},
@@ -142,6 +157,13 @@ class NodeConfig:
                 raise ConfigError(
                     f"[node] fatal log pattern {pattern!r} is not a valid regular expression: {exc}"
                 ) from None
+        if self.accept_assignments not in ("listed", "any"):
+            raise ConfigError(
+                f"[node] accept_assignments must be `listed` or `any`, not {self.accept_assignments!r}"
+            )
+        for peer in self.controllers:
+            if not is_peer_id(peer):
+                raise ConfigError(f"[node] controllers: {peer!r} is not a peer id (12D3KooW...)")
         sink = self.log_sink.strip()
         if "://" in sink and not sink.startswith(("file://", "http://", "https://")):
             raise ConfigError(

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
+from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec
 from opentela.errors import ConfigError, EngineCrashedError, OpenTelaError, UpstreamTimeout
 from opentela.fabric._config import FabricConfig
@@ -26,6 +26,7 @@ from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
 from opentela.fabric.relay import circuit_addr
 from opentela.node._config import NodeConfig
+from opentela.node.control import Assignment, ControlService
 from opentela.node.hardware import probe_hardware
 from opentela.node.health import check_http, watch_health
 from opentela.node.http_service import LocalEngineProxy
@@ -127,6 +128,10 @@ class NodeAgent:
         self._closers: list[Any] = []
         self._found_private = False
         self._failing = False
+        self._log_watch: asyncio.Task[Any] | None = None
+        self.control = ControlService(
+            node.controllers, node.accept_assignments == "any", self._assignment_busy, self.assign_engine
+        )
 
     def __repr__(self) -> str:
         state = self.registry.local.lifecycle.name if self.registry else "new"
@@ -167,7 +172,8 @@ class NodeAgent:
             self.identity, self.node_config.listen, config=self.fabric_config, admission=self.admission
         )
         hardware = await asyncio.to_thread(probe_hardware)
-        roles = ("ingress",) if self.node_config.role == "ingress" else ("worker",)
+        role = self.node_config.role
+        roles = (role,) if role in ("ingress", "controller") else ("worker",)
         now = time.time()
         first = NodeRecord(
             session_id=self.session_id,
@@ -203,6 +209,8 @@ class NodeAgent:
         if self.node_config.trace_dir:
             self._trace_applies(Path(self.node_config.trace_dir))
         self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream)
+        if roles == ("worker",):
+            self.host.set_handler(PROTO_CONTROL, self.control.handle_stream)
         await self.membership.start()
         await self.gossip.start()
         await self.housekeeping.start()
@@ -213,10 +221,45 @@ class NodeAgent:
         if self.node_config.bootstrap:
             self._spawn(self._bootstrap(), "bootstrap")
         if self.engine is not None:
-            log_dir = self.log_dir or Path.cwd()
-            log_dir.mkdir(parents=True, exist_ok=True)
-            self.engine_log = log_dir / f"engine-{self.session_id[:12]}.log"
-            self._spawn(self._run_engine(), "engine")
+            self._launch_engine(assigned=False)
+
+    def _launch_engine(self, assigned: bool) -> None:
+        log_dir = self.log_dir or Path.cwd()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.engine_log = log_dir / f"engine-{self.session_id[:12]}.log"
+        self._spawn(self._run_engine(assigned), "engine")
+
+    # --- assignments from a fleet controller (/otela/control/1) ----------------------------------------------
+    def _assignment_busy(self) -> str | None:
+        """Why this node cannot take an assignment now, or None when it is idle."""
+        if self.registry is None or self._stop.is_set() or self._failing:
+            return "the node is stopping"
+        if self.engine is not None:
+            return f"the node already runs engine {self.engine.name}"
+        if self.registry.local.lifecycle != Lifecycle.JOIN:
+            return f"the node is {self.registry.local.lifecycle.name}, not idle"
+        return None
+
+    def assign_engine(self, assignment: Assignment) -> None:
+        """Start an assigned engine, as if the node had been started with it; the caller checked it is idle."""
+        assert self.registry is not None
+        self.engine = assignment.spec
+        self.registry.update_local(
+            reason=f"starting {assignment.model} for controller {assignment.controller}"[:512]
+        )
+        self._launch_engine(assigned=True)
+
+    async def _assignment_failed(self, reason: str) -> None:
+        """An assigned engine never served: stop it and go back to idle, saying why in our record."""
+        assert self.registry is not None
+        logger.error("assigned engine failed; the node is idle again: %s", reason)
+        if self._log_watch is not None:
+            self._log_watch.cancel()
+            self._log_watch = None
+        if self.supervisor is not None:
+            await self.supervisor.stop(timeout=self.node_config.stop_timeout)
+        self.supervisor, self.engine = None, None
+        self.registry.update_local(reason=f"assignment failed: {reason}"[:512])
 
     def _rejoin(self, why: str) -> None:
         """Our session is gone from the mesh (evicted, or expired): carry on under a fresh session id."""
@@ -265,10 +308,11 @@ class NodeAgent:
         write(self.registry.local, True)
         self.registry.on_change(write)
 
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=f"otela-{name}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -329,7 +373,7 @@ class NodeAgent:
         self.registry.update_local(addrs=tuple(circuit_addr(r) for r in relays), relays=tuple(relays))
         logger.info("reachable through relays", extra={"relays": ",".join(relays)})
 
-    async def _run_engine(self) -> None:
+    async def _run_engine(self, assigned: bool = False) -> None:
         assert self.engine is not None and self.registry is not None and self.engine_log is not None
         self.supervisor = EngineSupervisor(
             self.engine, self.engine_log, ready_timeout=self.node_config.ready_timeout
@@ -337,6 +381,9 @@ class NodeAgent:
         try:
             await self.supervisor.start()
         except EngineCrashedError as exc:
+            if assigned:
+                await self._assignment_failed(f"engine could not start: {exc.message}")
+                return
             await self.fail_stop(f"engine could not start: {exc.message}", EXIT_ENGINE_NOT_READY)
             return
         logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.engine_log)})
@@ -345,16 +392,19 @@ class NodeAgent:
         )
         if log_watch.patterns:
             # Watched from the start: an NCCL timeout while loading should not wait out the ready timeout.
-            self._spawn(self._watch_log(log_watch), "log-watch")
+            self._log_watch = self._spawn(self._watch_log(log_watch), "log-watch")
         try:
             served = await self.supervisor.wait_ready()
         except (EngineCrashedError, UpstreamTimeout) as exc:
             logger.error("engine never became ready: %s", exc)
+            if assigned:
+                await self._assignment_failed(f"engine not ready: {exc.message}")
+                return
             await self.fail_stop(f"engine not ready: {exc.message}", EXIT_ENGINE_NOT_READY)
             return
         models = tuple(ModelEntry(id=str(m["id"]), engine=self.engine.name) for m in served if m.get("id"))
         self._engine_ready = True
-        self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models)
+        self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models, reason="")
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})
         if self.node_config.health_interval > 0:
             self._spawn(self._watch_health(), "health")
@@ -539,6 +589,7 @@ class NodeAgent:
                 "rejected_records": self.registry.counters["rejected_not_member"],
             },
             "failures_by_session": dict(self._failures),
+            "control": dict(self.control.counters),
         }
 
     def health(self) -> dict[str, Any]:

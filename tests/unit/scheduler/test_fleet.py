@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from opentela._types import Lifecycle
@@ -81,3 +83,40 @@ def test_replicas_wider_than_the_free_part_of_any_node_are_reported() -> None:
     plan = Plan("hand", [Group("Llama-3.3-70B-Instruct", "H100-SXM", 2, 3, 1.0)])
     assignments, missing = assign(plan, nodes)
     assert len(assignments) == 2 and missing == [("Llama-3.3-70B-Instruct", "H100-SXM", 2)]
+
+
+def test_one_replica_per_node_when_nodes_run_one_engine() -> None:
+    nodes = idle_nodes([record("a", ["NVIDIA L40S"] * 4), record("b", ["NVIDIA L40S"] * 2)])
+    plan = Plan("hand", [Group("Qwen3-1.7B", "L40S", 1, 3, 1.0)])
+    assignments, missing = assign(plan, nodes, one_per_node=True)
+    assert sorted(a.peer_id for a in assignments) == ["a", "b"]
+    assert missing == [("Qwen3-1.7B", "L40S", 1)]
+
+
+def test_cpu_only_workers_are_one_cpu_device_and_other_roles_never_idle() -> None:
+    cpu = {"model": "Some CPU", "flags": ["avx2", "fma"], "threads": 8, "usable": 4, "cores": 4}
+    records = [
+        record("w", []),
+        record("ingress", []),
+        record("gpu", ["NVIDIA L40S"]),
+    ]
+    records = [
+        dataclasses.replace(
+            r,
+            hardware={**r.hardware, "cpu": cpu, "ram_mib": 16384},
+            roles=("ingress",) if r.peer_id == "ingress" else ("worker",),
+        )
+        for r in records
+    ]
+    loading = dataclasses.replace(records[0], peer_id="loading", reason="starting m for controller X")
+    nodes = idle_nodes([*records, loading])
+    by_peer = {n.peer_id: n for n in nodes}
+    assert set(by_peer) == {"w", "gpu"}
+    node = by_peer["w"]
+    assert node.device == "CPU-4T-avx2" and node.gpus == () and node.devices == 1
+    assert node.entry is not None and node.entry.kind == "cpu" and node.entry.memory_gib == 16
+    cluster = cluster_of([node])
+    assert cluster.devices == {"CPU-4T-avx2": 1}
+    plan = Plan("hand", [Group("SmolLM2-135M-Instruct", "CPU-4T-avx2", 1, 1, 1.0)])
+    assignments, missing = assign(plan, [node], one_per_node=True)
+    assert not missing and assignments[0].gpus == () and assignments[0].peer_id == "w"
