@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from opentela._types import PROTO_HTTP, Lifecycle, PeerId, Stream
-from opentela.engines.base import EngineSpec
+from opentela.engines.base import EngineSpec, advertised_settings
 from opentela.errors import EngineCrashedError, OpenTelaError, UpstreamTimeout
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.addresses import format_addr, parse_addr
@@ -277,7 +277,11 @@ class NodeAgent:
             await self._go_down(f"engine not ready: {exc.message}")
             self.request_stop(EXIT_ENGINE_NOT_READY)
             return
-        models = tuple(ModelEntry(id=str(m["id"]), engine=self.engine.name) for m in served if m.get("id"))
+        models = tuple(
+            ModelEntry(id=str(m["id"]), engine=self.engine.name, settings=advertised_settings(m))
+            for m in served
+            if m.get("id")
+        )
         self._engine_ready = True
         self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models)
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})

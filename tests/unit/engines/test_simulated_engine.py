@@ -51,7 +51,14 @@ async def test_models_and_health_say_simulated(http: aiohttp.ClientSession) -> N
             body = await resp.json()
         assert resp.status == 200
         assert body["data"] == [
-            {"id": "m1", "object": "model", "created": body["data"][0]["created"], "owned_by": OWNER}
+            {
+                "id": "m1",
+                "object": "model",
+                "created": body["data"][0]["created"],
+                "owned_by": OWNER,
+                "max_model_len": 32768,
+                "otela": {"simulated": True},
+            }
         ]
         async with http.get(srv.base_url + "/health") as resp:
             assert resp.status == 200
