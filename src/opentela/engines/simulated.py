@@ -56,14 +56,19 @@ class SimulatedConfig:
     error_rate: float = field(default=0.0, metadata={"help": "fraction of requests answered with a 500"})
     errors: str = field(
         default="",
-        metadata={"help": "failure rates by kind, e.g. 503=0.05,disconnect=0.01 (kinds: 500 502 503 429 disconnect)"},
+        metadata={
+            "help": "failure rates by kind, e.g. 503=0.05,disconnect=0.01 (kinds: 500 502 503 429 disconnect)"
+        },
     )
     gpu: str = field(
         default="",
-        metadata={"help": "GPU this engine stands for (H100, A100, ...): timing from a roofline, not the fixed ms"},
+        metadata={
+            "help": "GPU this engine stands for (H100, A100, ...): timing from a roofline, not the fixed ms"
+        },
     )
     params_b: float = field(
-        default=0.0, metadata={"help": "model size in billions of parameters (0: read it from the model name)"}
+        default=0.0,
+        metadata={"help": "model size in billions of parameters (0: read it from the model name)"},
     )
     quantization: str = field(default="", metadata={"help": "advertised quantization (empty: unquantized)"})
     context_length: int = field(default=32768, metadata={"help": "advertised context length (max_model_len)"})
@@ -90,7 +95,9 @@ class SimulatedConfig:
         if self.gpu:
             gpu_spec(self.gpu)
             if self.model_params_b() is None:
-                raise ConfigError(f"give --params-b: the model name {self.model!r} says nothing about its size")
+                raise ConfigError(
+                    f"give --params-b: the model name {self.model!r} says nothing about its size"
+                )
 
     def error_rates(self) -> dict[str, float]:
         """Failure rate of each kind: `errors` parsed, plus `error_rate` as 500s."""
@@ -102,7 +109,9 @@ class SimulatedConfig:
             except ValueError:
                 value = -1.0
             if not sep or kind.strip() not in ERROR_KINDS or not 0.0 <= value <= 1.0:
-                raise ConfigError(f"cannot read {term!r} in errors: write KIND=RATE with KIND in {ERROR_KINDS}")
+                raise ConfigError(
+                    f"cannot read {term!r} in errors: write KIND=RATE with KIND in {ERROR_KINDS}"
+                )
             rates[kind.strip()] = rates.get(kind.strip(), 0.0) + value
         return rates
 

@@ -29,6 +29,7 @@ _QUANT_BITS = {
     "fp8": 8, "int8": 8, "w8a8": 8, "q8_0": 8, "awq": 4, "gptq": 4, "int4": 4, "fp4": 4, "nf4": 4, "q4_0": 4,
     "q4_1": 4, "q4_k_m": 4, "q5_k_m": 5, "q6_k": 6, "q3_k_m": 3, "q2_k": 2,
 }  # fmt: skip
+_BITS = re.compile(r"\d+(?:\.\d+)?\s*(?:-?bits?)?")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?$")
 
 
@@ -39,12 +40,13 @@ def quantization_bits(value: Any) -> float | None:
     text = str(value).strip().lower()
     if text in _QUANT_BITS:
         return float(_QUANT_BITS[text])
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(?:-?bits?)?", text)
-    return float(match.group(1)) if match else None
+    match = _BITS.fullmatch(text)
+    return float(re.match(r"\d+(?:\.\d+)?", text).group()) if match else None  # type: ignore[union-attr]
 
 
-def _amount(value: Any) -> float | None:
-    """A number, with k/M/G suffixes in powers of 1024 (``32k`` contexts, ``80GB`` memories)."""
+def _amount(value: Any, byte_units: bool = False) -> float | None:
+    """A number with an optional k/M/G/T suffix: powers of 1024 (``32k`` contexts, ``80GiB``), except that
+    with `byte_units` a plain ``GB`` is decimal, as GPU memory is sold (an "80 GB" H100 has 79.6 GiB)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -52,8 +54,9 @@ def _amount(value: Any) -> float | None:
     match = _SIZE.match(str(value).strip())
     if not match:
         return None
-    scale = 1024 ** " KMGT".index(match.group(2).upper() or " ")
-    return float(match.group(1)) * scale
+    power = " KMGT".index(match.group(2).upper() or " ")
+    binary = not byte_units or (match.group(3) or "").lower() == "ib"
+    return float(match.group(1)) * (1024 if binary else 1000) ** power
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,16 +109,18 @@ class Constraint:
             return hit if self.op in ("=", "==") else not hit
         if self.key == "quantization":
             have, want = quantization_bits(seen), quantization_bits(self.value)
-            if self.op in ("=", "==", "!=") and want is None:
+            if self.op in ("=", "==", "!=") and not _BITS.fullmatch(self.value.strip().lower()):
+                # A method named exactly (awq, fp8): compare names; `=8bit` compares precision.
                 return compare(str(seen or "none").lower(), self.value.lower())
             return have is not None and want is not None and compare(have, want)
         if seen is None:
             return False
-        if self.key == "gpu_memory" or self.key not in _STRING_KEYS:
-            have_n, want_n = _amount(seen), _amount(self.value)
+        if self.key not in _STRING_KEYS:
+            memory = self.key == "gpu_memory"
+            have_n, want_n = _amount(seen), _amount(self.value, byte_units=memory)
             if have_n is not None and want_n is not None:
-                if self.key == "gpu_memory" and not _SIZE.match(self.value).group(2):  # type: ignore[union-attr]
-                    want_n *= 2**30  # a bare number of GPU memory means GiB
+                if memory and not _SIZE.match(self.value.strip()).group(2):  # type: ignore[union-attr]
+                    want_n *= 1e9  # a bare number of GPU memory means GB
                 return compare(have_n, want_n)
         if self.op not in ("=", "==", "!="):
             return False

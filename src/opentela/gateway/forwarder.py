@@ -9,7 +9,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from opentela._types import Stream
-from opentela.errors import EngineError, OpenTelaError, UpstreamTimeout, error_from_code
+from opentela.errors import (
+    EngineError,
+    NoHealthyReplicaError,
+    OpenTelaError,
+    UpstreamTimeout,
+    error_from_code,
+)
 from opentela.fabric.http_tunnel import RESET_CANCELLED, TunnelResponseHead, read_response_head
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.metrics import GatewayMetrics
@@ -143,7 +149,8 @@ class Forwarder:
             if not err.retryable:
                 break
         if last_error is None:
-            raise RuntimeError("Forwarder.open found no candidate to try")
+            # The candidates vanished between the route check and the first attempt.
+            raise NoHealthyReplicaError(f"no replica of model {routed.model!r} is left to try")
         raise last_error
 
     @staticmethod

@@ -148,7 +148,10 @@ class GatewayKit:
         return handlers.requests
 
     async def post(
-        self, body: dict[str, Any], headers: Mapping[str, str] | None = None, path: str = "/v1/chat/completions"
+        self,
+        body: dict[str, Any],
+        headers: Mapping[str, str] | None = None,
+        path: str = "/v1/chat/completions",
     ) -> tuple[int, dict[str, str], bytes]:
         """POST and read the whole answer."""
         assert self.http is not None

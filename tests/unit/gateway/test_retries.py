@@ -126,3 +126,4 @@ async def test_connect_timeout_bounds_opening_the_stream() -> None:
         kit.gateway.forwarder._open_stream = slow_open
         status, _, body = await kit.post(chat())
         assert status == 504
+        assert json.loads(body)["error"]["type"] == "timeout_error"

@@ -1,0 +1,74 @@
+"""Per-request policy choice, body metadata handling, metrics labels and the Server-Timing stages."""
+
+from __future__ import annotations
+
+import json
+
+from meshkit import chat, gateway_kit
+
+from opentela.gateway.routes.inference import parse_body
+
+
+def test_routing_options_leave_the_body_before_it_is_forwarded() -> None:
+    raw = json.dumps(
+        chat(metadata={"trusted_providers": ["a"], "require": "gpu=H100", "user": "u1"})
+    ).encode()
+    parsed = parse_body(raw)
+    assert parsed.metadata == {"trusted_providers": ["a"], "require": "gpu=H100"}
+    assert json.loads(parsed.raw)["metadata"] == {"user": "u1"}
+    only_ours = parse_body(json.dumps(chat(metadata={"policy": "round_robin"})).encode())
+    assert "metadata" not in json.loads(only_ours.raw)
+    untouched = json.dumps(chat()).encode()
+    assert parse_body(untouched).raw is untouched  # the common case forwards the very bytes received
+
+
+async def test_request_may_choose_an_allowed_policy_only() -> None:
+    async with gateway_kit(policy="random", request_policies=("round_robin",)) as kit:
+        for name in ("a", "b", "c"):
+            await kit.replica(name)
+        sessions = [
+            (await kit.post(chat(), {"X-Otela-Policy": "round_robin"}))[1]["X-Otela-Session"]
+            for _ in range(6)
+        ]
+        assert sessions == ["s-a", "s-b", "s-c"] * 2
+        status, _, body = await kit.post(chat(metadata={"policy": "least_loaded"}))
+        assert status == 400
+        assert "allowed: random, round_robin" in json.loads(body)["error"]["message"]
+
+
+async def test_requests_cannot_choose_unless_the_operator_allows() -> None:
+    async with gateway_kit() as kit:
+        await kit.replica("a")
+        status, _, _ = await kit.post(chat(), {"X-Otela-Policy": "round_robin"})
+        assert status == 400
+
+
+async def test_metrics_by_model_and_node() -> None:
+    async with gateway_kit() as kit:
+        await kit.replica("a")
+        for _ in range(3):
+            await kit.post(chat())
+        await kit.post(chat(model="nope"))
+        assert kit.http is not None
+        async with kit.http.get(kit.url + "/metrics") as resp:
+            text = await resp.text()
+        assert 'otela_requests_total{model="sim-model",node="p-a",status="200"} 3.0' in text
+        assert 'otela_time_to_first_byte_seconds_count{model="sim-model",node="p-a"} 3.0' in text
+        assert 'otela_request_duration_seconds_count{model="sim-model",node="p-a"} 3.0' in text
+        assert 'otela_request_bytes_total{model="sim-model",node="p-a"}' in text
+        assert 'otela_response_bytes_total{model="sim-model",node="p-a"}' in text
+        assert 'otela_in_flight{model="sim-model",node="p-a"} 0.0' in text
+        assert 'otela_errors_total{code="model_not_found",model="-",node="-"} 1.0' in text
+
+
+async def test_server_timing_names_every_stage() -> None:
+    async with gateway_kit(server_timing=True) as kit:
+        await kit.replica("a")
+        status, headers, _ = await kit.post(chat())
+        assert status == 200
+        stages = [part.split(";")[0].strip() for part in headers["Server-Timing"].split(",")]
+        assert stages == ["parse", "route", "open", "upstream", "engine", "reply"]
+    async with gateway_kit() as kit:
+        await kit.replica("a")
+        _, headers, _ = await kit.post(chat())
+        assert "Server-Timing" not in headers
