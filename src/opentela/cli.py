@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
     simulated.add_simulated_arguments(sim)
 
+    bench = sub.add_parser("bench", help="measure an OpenAI-compatible endpoint")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCHMARK")
+    from opentela.bench import load as bench_load
+
+    bench_load.add_arguments(
+        bsub.add_parser("load", help="open-loop Poisson or trace-timed load with a JSON latency report")
+    )
+
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
@@ -169,6 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 run_simulated(simulated_config_from_args(args))
             return 0
+        if args.cmd == "bench":
+            from opentela.bench.load import run_from_args
+
+            return run_from_args(args)
         if args.cmd == "start":
             from opentela.config import load_config
             from opentela.runner import run_node
