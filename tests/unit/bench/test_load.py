@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -32,7 +33,7 @@ def test_poisson_plan_has_the_asked_rate() -> None:
     fixed = LengthDistribution.parse("8")
     plan = list(poisson_plan(50, fixed, fixed, random.Random(3), duration=100))
     assert 4700 < len(plan) < 5300
-    assert all(b.at >= a.at for a, b in zip(plan, plan[1:], strict=False))
+    assert all(b.at >= a.at for a, b in itertools.pairwise(plan))
     assert len(list(poisson_plan(5, fixed, fixed, random.Random(3), count=7))) == 7
 
 
@@ -52,7 +53,9 @@ def test_trace_plan_shifts_and_speeds_up(tmp_path: Path) -> None:
 
 
 def test_report_percentiles_throughput_and_errors() -> None:
-    outcomes = [Outcome(sent_at=i * 0.1, ok=True, ttft=0.01 * i, e2e=0.1, output_tokens=11) for i in range(1, 101)]
+    outcomes = [
+        Outcome(sent_at=i * 0.1, ok=True, ttft=0.01 * i, e2e=0.1, output_tokens=11) for i in range(1, 101)
+    ]
     outcomes.append(Outcome(sent_at=0.5, ok=False, status=503, error="no_healthy_replica", e2e=0.001))
     report = build_report(outcomes, 10.0, {})
     assert report["completed"] == 100 and report["failed"] == 1
