@@ -174,7 +174,11 @@ class Forwarder:
             return  # cancelled: says nothing about the replica
         self.metrics.attempt_errors.labels(routed.model, target.peer_id, err.code).inc()
         routed.attrs["failed_node"] = target.peer_id
-        if self.router.health.failed(target.session_id):
+        if err.code == "engine_unavailable":
+            # The node says this session's engine is not running: a restarted node under the same peer id, or
+            # one whose engine died. Nothing to gain from asking it again soon.
+            self.router.health.cool(target.session_id)
+        elif self.router.health.failed(target.session_id):
             logger.warning(
                 "replica %s failed %d times in a row: cooling down for %.0f s",
                 target.session_id[:8],

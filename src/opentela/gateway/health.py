@@ -49,6 +49,13 @@ class ReplicaHealth:
             return True
         return False
 
+    def cool(self, session_id: str) -> None:
+        """Cool a replica now: it said itself that it cannot serve (its engine is not running)."""
+        streak = self._streaks.setdefault(session_id, _Streak())
+        streak.failures = 0
+        streak.cooling_until = self._clock() + self.cooldown
+        self.cooldowns += 1
+
     def succeeded(self, session_id: str) -> None:
         """Book a success: the streak ends."""
         if self._streaks:

@@ -33,6 +33,25 @@ OTELA_METADATA_KEYS = ("trusted_providers", "require", "policy")
 """Keys of the body's `metadata` object that are addressed to the ingress, not to the engine."""
 
 
+def newest_per_peer(pool: Sequence[NodeRecord]) -> Sequence[NodeRecord]:
+    """Drop records superseded by a newer session of the same peer.
+
+    A restarted node rejoins under a new session with the same peer id, and the stream to that peer reaches
+    whichever session runs now; until the old record is evicted it would route to the new process, maybe
+    before its engine is ready.
+    """
+    if len(pool) < 2:
+        return pool
+    newest: dict[str, NodeRecord] = {}
+    for r in pool:
+        seen = newest.get(r.peer_id)
+        if seen is None or r.started_at > seen.started_at:
+            newest[r.peer_id] = r
+    if len(newest) == len(pool):
+        return pool
+    return [r for r in pool if newest[r.peer_id] is r]
+
+
 @dataclass(frozen=True, slots=True)
 class RequestRouting:
     """What one request asks of routing."""
@@ -89,7 +108,7 @@ class Router:
 
     def eligible(self, model: str, routing: RequestRouting) -> Sequence[NodeRecord]:
         """The replicas this request may go to now: a handful of local reads, no I/O."""
-        pool: Sequence[NodeRecord] = self.mesh.candidates(model)
+        pool: Sequence[NodeRecord] = newest_per_peer(self.mesh.candidates(model))
         if routing.allowlist is not None:
             pool = trusted(pool, routing.allowlist)
         if routing.constraints:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
-from meshkit import MODEL, chat, gateway_kit
+from meshkit import MODEL, chat, gateway_kit, record
 
 from opentela.engines.simulated import SimulatedConfig
 
@@ -127,3 +128,24 @@ async def test_connect_timeout_bounds_opening_the_stream() -> None:
         status, _, body = await kit.post(chat())
         assert status == 504
         assert json.loads(body)["error"]["type"] == "timeout_error"
+
+
+async def test_node_without_a_running_engine_is_skipped_and_cooled_at_once() -> None:
+    async with gateway_kit(policy="round_robin") as kit:
+        kit.mesh.add(record("a"), None)  # the node answers, its engine is not serving
+        await kit.replica("b")
+        for _ in range(4):
+            status, headers, _ = await kit.post(chat())
+            assert (status, headers["X-Otela-Session"]) == (200, "s-b")
+        assert kit.gateway.router.health.is_cooling("s-a")
+        assert kit.mesh.dispatched.count("s-a") == 1
+
+
+async def test_a_restarted_peer_is_reached_through_its_newest_session_only() -> None:
+    async with gateway_kit() as kit:
+        old = await kit.replica("a")
+        kit.mesh.add(dataclasses.replace(old, session_id="s-a-old", started_at=old.started_at - 100), None)
+        for _ in range(6):
+            status, headers, _ = await kit.post(chat())
+            assert (status, headers["X-Otela-Session"]) == (200, "s-a")
+        assert "s-a-old" not in kit.mesh.dispatched
