@@ -186,6 +186,7 @@ def analyse(
         routable[sec] = statistics.mean(s["routable"] for s in window)
     steady = slice(5, seconds - 2)  # leave out ramp-up and the drain after the load stops
     corr = _correlation(tokens[steady], live[steady])
+    corr_routable = _correlation(tokens[steady], routable[steady])
     per_replica = [t / r for t, r in zip(tokens[steady], live[steady], strict=True) if r]
     return {
         "benchmark": "churn",
@@ -221,6 +222,9 @@ def analyse(
             if per_replica
             else None,
             "correlation_tokens_vs_live_replicas": round(corr, 3) if corr is not None else None,
+            "correlation_tokens_vs_routable_replicas": round(corr_routable, 3)
+            if corr_routable is not None
+            else None,
         },
         "series": [
             {
@@ -309,8 +313,13 @@ def render_markdown(result: dict) -> str:
             f"{tp['mean_requests_per_s']} req/s |",
             f"| throughput per live replica (mean, coefficient of variation) | "
             f"{tp['tokens_per_s_per_live_replica_mean']} tokens/s, {tp['tokens_per_s_per_live_replica_cv']} |",
-            "| correlation of per-second throughput with live replicas | "
-            f"{tp['correlation_tokens_vs_live_replicas']} |",
+            "| correlation of per-second throughput with live worker processes / with replicas routable at the "
+            f"ingress | {tp['correlation_tokens_vs_live_replicas']} / "
+            f"{tp['correlation_tokens_vs_routable_replicas']} |",
+            "",
+            "*Live* counts worker processes running; *routable* counts replicas the ingress would send to (SERVING,",
+            "not suspected, newest session of their peer). A restarted worker is live at once but routable only once",
+            "its engine answers and its record has spread, a few seconds later; throughput follows routable.",
             "",
             "A streaming request whose node dies after its first token cannot be replayed (the client already has",
             "part of an answer), so it ends with an SSE error event: those are the streaming errors above.",
