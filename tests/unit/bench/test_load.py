@@ -87,3 +87,39 @@ async def test_failures_are_counted_by_kind() -> None:
         outcomes, elapsed = await run_load([PlannedRequest(0, 4, 2)] * 3, settings, total=3, progress=False)
     report = build_report(outcomes, elapsed, {})
     assert report["failed"] == 3 and report["errors"] == {"simulated_error": 3}
+
+
+def test_cli_runs_against_an_engine_process(tmp_path: Path) -> None:
+    """`otela bench load` end to end: a simulated engine process, the command, its JSON report."""
+    import subprocess
+    import sys
+
+    from opentela.engines.base import free_port
+
+    port = free_port()
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "opentela", "engine", "simulated", "--port", str(port), "--ttft-ms", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert engine.stdout is not None
+        assert b"listening on" in engine.stdout.readline()
+        out = tmp_path / "report.json"
+        done = subprocess.run(
+            [
+                sys.executable, "-m", "opentela", "bench", "load", "--url", f"http://127.0.0.1:{port}/v1",
+                "--model", "sim-model", "--rate", "50", "--requests", "8", "--output-len", "uniform:2:6",
+                "--no-progress", "--out", str(out),
+            ],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        report = json.loads(out.read_text())
+        assert report["completed"] == 8 and report["failed"] == 0
+        assert json.loads(done.stdout)["requests"] == 8
+        assert report["settings"]["loadavg"]
+    finally:
+        engine.terminate()
+        engine.wait(10)
+        engine.stdout.close()  # type: ignore[union-attr]
