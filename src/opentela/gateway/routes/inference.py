@@ -140,6 +140,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                     content = await _read_all(upstream)
                 except OpenTelaError as exc:
                     err = _mid_stream_error(exc)
+                    upstream.stream.reset(RESET_CANCELLED, "retrying elsewhere")  # the node stops, if alive
                     forwarder.finish(upstream, routed, ok=False, err=err, on_failure=report)
                     if err.retryable and forwarder.can_retry(candidates, tried):
                         continue
@@ -175,7 +176,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         response = await _relay_stream(
             request, gw, upstream, routed, first, deadline, arrived, parsed_at, routed_at
         )
-        status = str(response.status)
+        status = "cancelled" if routed.attrs.get("client_gone") else str(response.status)
         return response
     except TimeoutError:
         err = UpstreamTimeout(f"request {request_id} ran past the {gw.config.total_timeout:g} s deadline")
@@ -301,7 +302,12 @@ async def _relay_stream(
         await response.write_eof()
         gw.metrics.bytes_out.labels(routed.model, target.peer_id).inc(sent)
         return response
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
         # The client went away: tell the serving node, so its engine stops generating for nobody.
+        stream.reset(RESET_CANCELLED, "client disconnected")
+        gw.forwarder.finish(upstream, routed, ok=False)
+        routed.attrs["client_gone"] = True
+        return response
+    except asyncio.CancelledError:
         stream.reset(RESET_CANCELLED, "client disconnected")
         raise
