@@ -72,3 +72,39 @@ async def test_server_timing_names_every_stage() -> None:
         await kit.replica("a")
         _, headers, _ = await kit.post(chat())
         assert "Server-Timing" not in headers
+
+
+class CountingPolicy:
+    """An operator's policy, loaded by import path: always the last candidate, counting its hooks."""
+
+    instances: list[CountingPolicy] = []
+
+    def __init__(self) -> None:
+        self.started = 0
+        self.ended: list[bool] = []
+        CountingPolicy.instances.append(self)
+
+    def pick(self, candidates, request):  # type: ignore[no-untyped-def]
+        return sorted(candidates, key=lambda r: r.session_id)[-1]
+
+    def on_request_start(self, target, request) -> None:  # type: ignore[no-untyped-def]
+        self.started += 1
+
+    def on_request_end(self, target, request, *, ok, latency_s) -> None:  # type: ignore[no-untyped-def]
+        self.ended.append(ok)
+
+
+async def test_operator_policy_by_import_path_routes_and_hears_every_attempt() -> None:
+    from meshkit import MODEL
+
+    from opentela.engines.simulated import SimulatedConfig
+
+    async with gateway_kit(policy="test_gateway_routes:CountingPolicy") as kit:
+        await kit.replica("a")
+        await kit.replica("b")
+        await kit.replica("c", SimulatedConfig(model=MODEL, error_rate=1.0))
+        for _ in range(3):
+            status, headers, _ = await kit.post(chat())
+            assert (status, headers["X-Otela-Session"]) == (200, "s-b")  # c failed, then the last of a, b
+        policy = CountingPolicy.instances[-1]
+        assert policy.started == 6 and sorted(policy.ended) == [False] * 3 + [True] * 3
