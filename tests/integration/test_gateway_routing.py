@@ -15,7 +15,18 @@ MODEL = "llama-3.1-8b"
 
 
 def sim(gpu: str, *extra: str) -> list[str]:
-    return [*OTELA, "engine", "simulated", "--model", MODEL, "--gpu", gpu, "--default-max-tokens", "1", *extra]
+    return [
+        *OTELA,
+        "engine",
+        "simulated",
+        "--model",
+        MODEL,
+        "--gpu",
+        gpu,
+        "--default-max-tokens",
+        "1",
+        *extra,
+    ]
 
 
 async def test_constraints_trust_and_weights_use_what_engines_advertise(tmp_path: Path) -> None:
