@@ -1,7 +1,8 @@
 """The /otela/http/1 codec: an HTTP request and its response carried over one multiplexed stream.
 
-Request:  u32 head length | msgpack head {m, p, h, r, b} | b bytes of body | half-close.
-Response: u32 head length | msgpack head {s, h, e?} | body bytes as the engine produces them | half-close.
+Request:  u32 head length | msgpack head {m, p, h, r, b, t?} | b bytes of body | half-close.
+Response: u32 head length | msgpack head {s, h, e?, t?} | body bytes as the engine produces them | half-close.
+A request with ``t: 1`` asks for timing; its response head then carries ``t``: the engine's time in microseconds.
 A failure after the response head resets the stream with one of the RESET_* codes below.
 """
 
