@@ -44,6 +44,11 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
+    p.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="ingress routing policy: random, round_robin, weighted, least_loaded, ...",
+    )
     p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
     p.add_argument(
         "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
@@ -128,6 +133,8 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         gateway["http"] = args.http
     if args.max_body_bytes is not None:
         gateway["max_body_bytes"] = args.max_body_bytes
+    if args.policy:
+        gateway["policy"] = args.policy
     return {"node": node, "gateway": gateway}
 
 

@@ -108,3 +108,16 @@ async def test_operator_policy_by_import_path_routes_and_hears_every_attempt() -
             assert (status, headers["X-Otela-Session"]) == (200, "s-b")  # c failed, then the last of a, b
         policy = CountingPolicy.instances[-1]
         assert policy.started == 6 and sorted(policy.ended) == [False] * 3 + [True] * 3
+
+
+def test_start_flag_selects_the_ingress_policy() -> None:
+    from opentela.cli import _start_flags, build_parser
+    from opentela.config import load_config
+
+    args = build_parser().parse_args(["start", "--ingress", "--policy", "least_loaded"])
+    config = load_config(None, env={}, flags=_start_flags(args))
+    assert config.gateway.policy == "least_loaded"
+    env = {"OTELA_GATEWAY_REQUEST_POLICIES": "weighted,round_robin", "OTELA_GATEWAY_TRUSTED_PROVIDERS": "a"}
+    config = load_config(None, env=env)
+    assert config.gateway.request_policies == ("weighted", "round_robin")
+    assert config.gateway.trusted_providers == ("a",)
