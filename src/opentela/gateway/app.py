@@ -52,7 +52,7 @@ class Gateway:
         self.app = self._build_app()
 
     def __repr__(self) -> str:
-        return f"<Gateway {self.url or 'not listening'} policy={self.forwarder.policy.name}>"
+        return f"<Gateway {self.url or 'not listening'} policy={self.config.policy}>"
 
     def _build_app(self) -> web.Application:
         app = web.Application(

@@ -101,7 +101,9 @@ class Forwarder:
             target = policy.pick(pool, routed)
             if not any(c.session_id == target.session_id for c in pool):
                 # A policy may only choose among what it was given: that is where trust is enforced.
-                raise OpenTelaError(f"routing policy {policy.name!r} picked a replica outside its candidates")
+                raise OpenTelaError(
+                    f"routing policy {type(policy).__name__} picked a replica outside its candidates"
+                )
             tried.add(target.session_id)
             if attempt:
                 self.retries += 1

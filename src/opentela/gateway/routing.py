@@ -59,6 +59,7 @@ class RequestRouting:
     allowlist: frozenset[str] | None
     constraints: tuple[Constraint, ...]
     policy: RoutingPolicy
+    policy_name: str
 
 
 class Router:
@@ -74,7 +75,7 @@ class Router:
             self.policies.setdefault(name.lower(), create_policy(name))
         self._hooks = tuple(self.policies.values())
         self._default_routing = RequestRouting(
-            frozenset(config.trusted_providers) or None, (), self.default_policy
+            frozenset(config.trusted_providers) or None, (), self.default_policy, config.policy.lower()
         )
 
     def routing_for(self, headers: Mapping[str, str], metadata: Mapping[str, Any] | None) -> RequestRouting:
@@ -91,20 +92,20 @@ class Router:
         constraints = parse_constraints(require_header) + parse_constraints(
             metadata.get("require"), "metadata.require"
         )
-        return RequestRouting(allowlist, constraints, self._policy(policy_header or metadata.get("policy")))
+        name = self._policy_name(policy_header or metadata.get("policy"))
+        return RequestRouting(allowlist, constraints, self.policies[name], name)
 
-    def _policy(self, name: Any) -> RoutingPolicy:
+    def _policy_name(self, name: Any) -> str:
         if name is None or name == "":
-            return self.default_policy
+            return self._default_routing.policy_name
         key = str(name).lower()
-        policy = self.policies.get(key)
-        if policy is None:
+        if key not in self.policies:
             allowed = ", ".join(sorted(self.policies))
             raise InvalidRequestError(
                 f"routing policy {name!r} cannot be chosen per request on this ingress; allowed: {allowed}",
                 param="policy",
             )
-        return policy
+        return key
 
     def eligible(self, model: str, routing: RequestRouting) -> Sequence[NodeRecord]:
         """The replicas this request may go to now: a handful of local reads, no I/O."""

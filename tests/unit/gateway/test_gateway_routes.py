@@ -121,3 +121,20 @@ def test_start_flag_selects_the_ingress_policy() -> None:
     config = load_config(None, env=env)
     assert config.gateway.request_policies == ("weighted", "round_robin")
     assert config.gateway.trusted_providers == ("a",)
+
+
+async def test_access_log_line_carries_request_id_model_node_and_attempts(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from meshkit import MODEL
+
+    from opentela.engines.simulated import SimulatedConfig
+
+    caplog.set_level(logging.INFO, logger="opentela.gateway.access")
+    async with gateway_kit(policy="round_robin") as kit:
+        await kit.replica("a", SimulatedConfig(model=MODEL, error_rate=1.0))
+        await kit.replica("b")
+        status, headers, _ = await kit.post(chat(), {"X-Request-Id": "req-42"})
+        assert status == 200 and headers["X-Otela-Request-Id"] == "req-42"
+    line = next(r for r in caplog.records if r.name == "opentela.gateway.access" and r.request_id == "req-42")
+    assert (line.model, line.attempts, line.policy, line.node) == (MODEL, 2, "round_robin", "p-b"[-8:])

@@ -26,7 +26,7 @@ from opentela.fabric.http_tunnel import (
     TunnelRequest,
     encode_request,
 )
-from opentela.gateway._keys import GATEWAY_KEY, REQUEST_ID_KEY
+from opentela.gateway._keys import GATEWAY_KEY, REQUEST_ID_KEY, ROUTE_KEY
 from opentela.gateway.errors import sse_error_event
 from opentela.gateway.forwarder import Upstream
 from opentela.gateway.metrics import NO_NODE
@@ -194,6 +194,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         if upstream is not None and not upstream.finished:
             upstream.stream.reset(RESET_CANCELLED, "request abandoned")
             forwarder.finish(upstream, routed, ok=False)
+        request[ROUTE_KEY] = {"model": model, "attempts": len(tried), "policy": routing.policy_name}
         metrics.requests.labels(model, node, status).inc()
         metrics.latency.labels(model, node).observe(time.perf_counter() - arrived)
 

@@ -79,7 +79,7 @@ async def dnt_stats(request: web.Request) -> web.Response:
     stats = gw.mesh.stats()
     stats["gateway"] = {
         "retries": gw.forwarder.retries,
-        "policy": gw.forwarder.policy.name,
+        "policy": gw.config.policy,
         "request_policies": sorted(gw.router.policies),
         "cooldowns": gw.router.health.cooldowns,
         "cooling": gw.router.health.cooling(),
