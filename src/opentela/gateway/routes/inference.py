@@ -159,14 +159,12 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
                         arrived, parsed_at, routed_at, upstream
                     )
                 ok = upstream.head.status < 500
-                forwarder.finish(
-                    upstream,
-                    routed,
-                    ok=ok,
-                    err=None
-                    if ok
-                    else error_from_code("engine_error", f"engine answered {upstream.head.status}"),
-                )
+                if ok:
+                    forwarder.finish(upstream, routed, ok=True)
+                else:  # the last replica's own 5xx, passed on as it is
+                    failed = error_from_code(upstream.head.error_code or "engine_error", "engine failed")
+                    forwarder.finish(upstream, routed, ok=False, err=failed)
+                    metrics.errors.labels(model, node, failed.code).inc()
                 metrics.ttfb.labels(model, node).observe(time.perf_counter() - arrived)
                 metrics.bytes_in.labels(model, node).inc(len(body.raw))
                 metrics.bytes_out.labels(model, node).inc(len(content))
