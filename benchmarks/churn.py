@@ -55,6 +55,8 @@ class Churn:
         self.dead: dict[str, float] = {}  # name -> when to restart
         self.events: list[dict] = []
         self.t0 = 0.0
+        self.routable = WORKERS
+        """Replicas the ingress can route to, as last sampled."""
 
     def live(self) -> list[str]:
         """Workers whose process runs."""
@@ -77,7 +79,9 @@ class Churn:
                     self.events.append({"t": round(now - self.t0, 2), "event": "restart", "node": name})
             if now >= next_kill:
                 live = self.live()
-                if len(live) > self.args.min_live:
+                # Keep `min_live` replicas able to serve: a restarted process counts only once it serves again,
+                # or churn could take the whole capacity away and every request would rightly fail.
+                if len(live) > self.args.min_live and self.routable > self.args.min_live:
                     victim = self.rng.choice(live)
                     self.mesh.nodes[victim].signal(signal.SIGKILL, group=True)
                     self.dead[victim] = now + self.rng.uniform(self.args.down_min, self.args.down_max)
@@ -99,6 +103,7 @@ async def sample_replicas(mesh: LocalMesh, churn: Churn, stop: asyncio.Event, ou
         routable = sum(
             1 for r in reps if r["state"] == "SERVING" and not r["suspected"] and r["session_id"] in current
         )
+        churn.routable = routable
         out.append(
             {"t": round(time.monotonic() - churn.t0, 2), "live": len(churn.live()), "routable": routable}
         )
@@ -126,8 +131,9 @@ async def run(args: argparse.Namespace) -> dict:
     outcomes: list[tuple[bool, Outcome]] = []
     samples: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="otela-churn-") as tmp:
-        async with LocalMesh(Path(tmp)) as mesh:
-            await mesh.start_ingress("--log-level", "WARNING")
+        workdir = Path(args.keep_logs) if args.keep_logs else Path(tmp)
+        async with LocalMesh(workdir) as mesh:
+            await mesh.start_ingress("--log-level", "INFO" if args.keep_logs else "WARNING")
             for i in range(WORKERS):
                 await mesh.add_worker(f"worker-{i}", engine_argv(args), "--log-level", "WARNING")
             await mesh.wait_serving(MODEL, WORKERS, timeout=120)
@@ -196,7 +202,7 @@ def analyse(
             "loadavg_start": [round(x, 2) for x in loadavg_start],
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
         },
-        "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "keep_logs")},
         "duration_s": round(elapsed, 1),
         "kills": sum(1 for e in events if e["event"] == "kill"),
         "restarts": sum(1 for e in events if e["event"] == "restart"),
@@ -296,8 +302,10 @@ def render_markdown(result: dict) -> str:
             f"the simulated engine ({s['slots']} sequences at once, TTFT {s['ttft_ms']:g} ms, {s['itl_ms']:g} ms per "
             f"token, {s['output_tokens']} output tokens per request). {s['users']} closed-loop users keep requests",
             f"going ({100 * s['stream_share']:.0f} % streaming) for {result['duration_s']:.0f} s while every "
-            f"~{s['interval']:g} s a random live worker is SIGKILLed with its engine (at least {s['min_live']} stay",
-            f"up); a killed worker restarts {s['down_min']:g}-{s['down_max']:g} s later under a new session.",
+            f"~{s['interval']:g} s a random live worker is SIGKILLed with its engine (unless only "
+            f"{s['min_live']} serve:",
+            "churn never takes all capacity away); a killed worker restarts "
+            f"{s['down_min']:g}-{s['down_max']:g} s later under a new session.",
             f"Machine: {m['cpus']} CPUs, Python {m['python']}, shared: load average {m['loadavg_start'][0]} at the "
             f"start, {m['loadavg_end'][0]} at the end.",
             "",
@@ -306,9 +314,9 @@ def render_markdown(result: dict) -> str:
             "| what | figure |",
             "|---|---|",
             f"| kills / restarts | {result['kills']} / {result['restarts']} |",
-            f"| non-streaming requests / user-facing errors | {ns['requests']} / **{ns['errors']}** "
+            f"| non-streaming requests / user-facing errors | {ns['requests']} / **{ns['errors']}**"
             f"{_kinds(ns['errors_by_kind'])} |",
-            f"| streaming requests / errors | {st['requests']} / {st['errors']} {_kinds(st['errors_by_kind'])} |",
+            f"| streaming requests / errors | {st['requests']} / {st['errors']}{_kinds(st['errors_by_kind'])} |",
             f"| mean throughput | {tp['mean_output_tokens_per_s']} output tokens/s, "
             f"{tp['mean_requests_per_s']} req/s |",
             f"| throughput per live replica (mean, coefficient of variation) | "
@@ -325,6 +333,11 @@ def render_markdown(result: dict) -> str:
             "part of an answer), so it ends with an SSE error event: those are the streaming errors above.",
             "Non-streaming requests are retried on another replica before the client sees anything.",
             "",
+            "When no replica can serve, requests fail, as they should: in an earlier run the driver kept two worker",
+            "*processes* alive rather than two *serving* replicas, and at a load average near 20 it once left only",
+            "restarted workers whose engines were still starting, for about ten seconds: 127 requests got 503",
+            "`engine_unavailable`. The driver now only kills while more than `--min-live` replicas serve.",
+            "",
             "Target (ARCHITECTURE section 4): zero user-facing errors for non-streaming requests while nodes are",
             "killed; throughput that follows the number of live replicas (paper, Figure 4).",
             "",
@@ -333,7 +346,7 @@ def render_markdown(result: dict) -> str:
 
 
 def _kinds(kinds: dict) -> str:
-    return "(" + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) + ")" if kinds else ""
+    return " (" + ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) + ")" if kinds else ""
 
 
 async def main() -> int:
@@ -344,7 +357,9 @@ async def main() -> int:
     ap.add_argument("--interval", type=float, default=4.0, help="mean seconds between kills")
     ap.add_argument("--down-min", type=float, default=4.0, help="shortest time a killed worker stays down")
     ap.add_argument("--down-max", type=float, default=12.0, help="longest time a killed worker stays down")
-    ap.add_argument("--min-live", type=int, default=2, help="never kill below this many live workers")
+    ap.add_argument(
+        "--min-live", type=int, default=2, help="never kill below this many live and serving workers"
+    )
     ap.add_argument("--slots", type=int, default=2, help="sequences each engine decodes at once")
     ap.add_argument("--ttft-ms", type=float, default=40.0)
     ap.add_argument("--itl-ms", type=float, default=12.0)
@@ -352,6 +367,9 @@ async def main() -> int:
     ap.add_argument("--output-tokens", type=int, default=40)
     ap.add_argument("--stream-share", type=float, default=0.25, help="fraction of streaming requests")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--keep-logs", metavar="DIR", help="keep every node's log (and the ingress's access log) here"
+    )
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="where to write results")
     args = ap.parse_args()
     result = await run(args)
