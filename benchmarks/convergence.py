@@ -6,10 +6,12 @@ every node, then measure
   - a join: one more node starts; for every other node, the time from the newcomer's own JOIN record to that
     replica applying it,
   - a model: one more node starts a (simulated) engine; the time from its SERVING record to each replica applying it.
+Separately, for the traffic sizes (10 and 50 nodes by default), the control traffic per node when the mesh is
+idle and under re-registration churn (every `--churn-period` seconds one worker leaves and a new one joins).
 Each node appends "time session state version local" to a trace file per applied change (node.trace_dir).
 Prints JSON and writes docs/benchmarks/convergence.{json,md,png}.
 
-    python benchmarks/convergence.py [--sizes 8,16,32,64,128] [--idle-seconds 20]
+    python benchmarks/convergence.py [--sizes 8,16,32,64,128] [--traffic-sizes 10,50] [--idle-seconds 20]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -106,43 +109,115 @@ def io_bytes(pids: list[int]) -> dict[int, tuple[int, int]]:
     return out
 
 
+def traffic_per_node(
+    before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]], seconds: float
+) -> dict:
+    """Mean and max bytes/s (written + read) over the processes present in both samples."""
+    per_node = [
+        ((after[p][0] - before[p][0]) + (after[p][1] - before[p][1])) / seconds for p in before if p in after
+    ]
+    return {
+        "nodes_measured": len(per_node),
+        "mean_bytes_per_s": round(sum(per_node) / len(per_node), 1),
+        "max_bytes_per_s": round(max(per_node), 1),
+    }
+
+
+async def ingress_knows(mesh: LocalMesh, count: int, timeout: float) -> None:
+    """Wait until the ingress's replica holds `count` live records."""
+
+    async def probe() -> bool | None:
+        table = await mesh.get_json("/v1/dnt/table")
+        live = [r for r in table or [] if r.get("lifecycle") in ("JOIN", "SERVING")]
+        return True if len(live) >= count else None
+
+    await mesh.wait_for(probe, timeout=timeout, what=f"the ingress to know {count} nodes", interval=0.25)
+
+
+async def start_mesh(mesh: LocalMesh, n: int, trace_dir: Path) -> float:
+    """An ingress and n-1 engine-less workers; returns seconds until every replica knows every node."""
+    t_start = time.monotonic()
+    await mesh.start_ingress("--log-level", "WARNING")
+    for i in range(n - 1):
+        await mesh.add_worker(f"n{i}", None, "--log-level", "WARNING")
+        if i % 8 == 7 or i == n - 2:
+            # Start in batches of 8, each once the ingress has registered the last: a 2-core machine takes
+            # about a CPU-second to start one interpreter, and 128 at once would starve every node for minutes.
+            await ingress_knows(mesh, i + 2, timeout=120)
+    await wait_all_know(trace_dir, n, timeout=120 + 3 * n)
+    took = time.monotonic() - t_start
+    print(f"  N={n}: all {n} replicas know every node after {took:.1f} s", file=sys.stderr)
+    return took
+
+
+async def run_traffic(
+    n: int, idle_seconds: float, churn_seconds: float, churn_period: float, workdir: Path
+) -> dict:
+    """Control traffic per node in a mesh of n: quiet, then while workers leave and new ones join."""
+    trace_dir = workdir / "traces"
+    env = {**os.environ, "OTELA_NODE_TRACE_DIR": str(trace_dir), "OTELA_LOG_LEVEL": "WARNING"}
+    rng = random.Random(n)
+    async with LocalMesh(workdir, env=env) as mesh:
+        await start_mesh(mesh, n, trace_dir)
+        await asyncio.sleep(10.0)  # let start-up traffic die down
+        load_before = os.getloadavg()
+        pids = [node.pid for node in mesh.nodes.values() if node.pid]
+        before = io_bytes(pids)
+        await asyncio.sleep(idle_seconds)
+        idle = traffic_per_node(before, io_bytes(pids), idle_seconds)
+        # Churn: one worker leaves (SIGTERM: LEFT) and a fresh one joins, every churn_period seconds. Measured
+        # over the nodes that stay up the whole window (the ingress and the workers never picked).
+        workers = [name for name in mesh.nodes if name.startswith("n")]
+        victims = rng.sample(workers, min(len(workers) // 2, int(churn_seconds / churn_period) + 1))
+        stable = [mesh.nodes[name].pid for name in mesh.nodes if name not in victims]
+        before = io_bytes([p for p in stable if p])
+        t0 = time.monotonic()
+        events = 0
+        for i, victim in enumerate(victims):
+            if time.monotonic() - t0 >= churn_seconds:
+                break
+            await mesh.nodes[victim].stop()
+            await mesh.add_worker(f"churn{i}", None, "--log-level", "WARNING")
+            events += 1
+            await asyncio.sleep(max(0.0, t0 + (i + 1) * churn_period - time.monotonic()))
+        elapsed = time.monotonic() - t0
+        churn = traffic_per_node(before, io_bytes([p for p in stable if p]), elapsed)
+        churn["leave_join_pairs"] = events
+        churn["period_s"] = churn_period
+        return {
+            "nodes": n,
+            "idle": {**idle, "seconds": idle_seconds},
+            "churn": {**churn, "seconds": round(elapsed, 1)},
+            "load_average": {
+                "before": [round(x, 2) for x in load_before],
+                "after": [round(x, 2) for x in os.getloadavg()],
+            },
+            "note": "written + read bytes of each node process (TLS records included)",
+        }
+
+
 async def run_size(n: int, idle_seconds: float, workdir: Path) -> dict:
     """One mesh of n nodes: idle traffic, then a join and a model announcement."""
     trace_dir = workdir / "traces"
     env = {**os.environ, "OTELA_NODE_TRACE_DIR": str(trace_dir), "OTELA_LOG_LEVEL": "WARNING"}
     async with LocalMesh(workdir, env=env) as mesh:
-        t_start = time.monotonic()
-        await mesh.start_ingress("--log-level", "WARNING")
-        for i in range(n - 1):
-            await mesh.add_worker(f"n{i}", None, "--log-level", "WARNING")
-            if i % 8 == 7:
-                await asyncio.sleep(0.2)  # let a 2-core machine breathe while interpreters start
-        settle = await wait_all_know(trace_dir, n, timeout=120 + 3 * n)
-        print(
-            f"  N={n}: all {n} replicas know every node after {time.monotonic() - t_start:.1f} s",
-            file=sys.stderr,
-        )
+        settle = await start_mesh(mesh, n, trace_dir)
         await asyncio.sleep(min(10.0, idle_seconds))  # let start-up traffic die down
+        load = os.getloadavg()
         pids = [node.pid for node in mesh.nodes.values() if node.pid]
         before = io_bytes(pids)
         await asyncio.sleep(idle_seconds)
-        after = io_bytes(pids)
-        per_node = [
-            ((after[p][0] - before[p][0]) + (after[p][1] - before[p][1])) / idle_seconds
-            for p in pids
-            if p in before and p in after
-        ]
-        idle = {
-            "mean_bytes_per_s": round(sum(per_node) / len(per_node), 1),
-            "max_bytes_per_s": round(max(per_node), 1),
-            "note": "written + read bytes of each node process (TLS records included), quiet mesh",
-        }
+        idle = traffic_per_node(before, io_bytes(pids), idle_seconds)
         existing = set(read_traces(trace_dir))
         await mesh.add_worker("joiner", None, "--log-level", "WARNING")
         await wait_all_know(trace_dir, n + 1, timeout=60)
         traces = read_traces(trace_dir)
         (joiner_session,) = set(traces) - existing
-        join = percentiles(apply_delays(traces, joiner_session, "JOIN"))
+        join_delays = apply_delays(traces, joiner_session, "JOIN")
+        join = percentiles(join_delays)
+        # The joiner writes JOIN before it has dialed anyone; from the first replica that learns of it (its
+        # bootstrap peer), the rest is dissemination alone.
+        join_spread = percentiles([d - min(join_delays) for d in join_delays])
         existing = set(traces)
         await mesh.add_worker(
             "server", [*OTELA, "engine", "simulated", "--model", "conv-model"], "--log-level", "WARNING"
@@ -154,8 +229,10 @@ async def run_size(n: int, idle_seconds: float, workdir: Path) -> dict:
         serve = percentiles(apply_delays(traces, server_session, "SERVING"))
         return {
             "nodes": n,
+            "load_average": [round(x, 2) for x in load],
             "startup_converged_s": round(settle, 2),
             "join": join,
+            "join_from_first_replica": join_spread,
             "serve_model": serve,
             "idle_traffic": idle,
             "delays": {
@@ -175,16 +252,28 @@ def render(result: dict) -> str:
         "each other replica applying the change; all clocks are this machine's.",
         f"Machine: {result['machine']['cpus']} CPUs, Python {result['machine']['python']}.",
         "",
-        "| N | join p50 | p75 | p95 | slowest | model p50 | p75 | p95 | slowest | idle B/s per node (mean / max) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| N | join p50 | p75 | p95 | slowest | model p50 | p75 | p95 | slowest | idle B/s per node (mean / max) "
+        "| load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
         j, s, i = r["join"], r["serve_model"], r["idle_traffic"]
         lines.append(
             f"| {r['nodes']} | {j['p50_s']} | {j['p75_s']} | {j['p95_s']} | {j['slowest_s']} | "
             f"{s['p50_s']} | {s['p75_s']} | {s['p95_s']} | {s['slowest_s']} | "
-            f"{i['mean_bytes_per_s']:.0f} / {i['max_bytes_per_s']:.0f} |"
+            f"{i['mean_bytes_per_s']:.0f} / {i['max_bytes_per_s']:.0f} | {r['load_average'][0]} |"
         )
+    lines += [
+        "",
+        "A join, counted from the first replica that applied it (the joiner's bootstrap peer) instead of the",
+        "joiner's own write, which comes before the joiner has dialed anyone:",
+        "",
+        "| N | p50 | p75 | p95 | slowest |",
+        "|---|---|---|---|---|",
+    ]
+    for r in result["runs"]:
+        j = r["join_from_first_replica"]
+        lines.append(f"| {r['nodes']} | {j['p50_s']} | {j['p75_s']} | {j['p95_s']} | {j['slowest_s']} |")
     lines += [
         "",
         "Times in seconds. Targets (ARCHITECTURE section 4): at 128 nodes p95 <= 1 s and slowest <= 3 s;",
@@ -192,6 +281,21 @@ def render(result: dict) -> str:
         "",
         "![CDF of apply delays](convergence.png)",
     ]
+    if result.get("traffic"):
+        lines += [
+            "",
+            "## Control traffic per node",
+            "",
+            "| N | idle mean B/s | idle max B/s | churn mean B/s | churn max B/s | leave+join pairs | period |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for t in result["traffic"]:
+            i, c = t["idle"], t["churn"]
+            lines.append(
+                f"| {t['nodes']} | {i['mean_bytes_per_s']:.0f} | {i['max_bytes_per_s']:.0f} | "
+                f"{c['mean_bytes_per_s']:.0f} | {c['max_bytes_per_s']:.0f} | {c['leave_join_pairs']} | "
+                f"{c['period_s']} s |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -224,14 +328,27 @@ async def main() -> int:
     """Run every size and write the results."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="8,16,32,64,128")
+    ap.add_argument("--traffic-sizes", default="10,50")
     ap.add_argument("--idle-seconds", type=float, default=20.0)
+    ap.add_argument("--churn-seconds", type=float, default=30.0)
+    ap.add_argument("--churn-period", type=float, default=2.0)
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     args = ap.parse_args()
+    traffic = []
+    for n in [int(x) for x in args.traffic_sizes.split(",") if x]:
+        print(f"traffic N={n}...", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix=f"otela-traffic-{n}-") as tmp:
+            traffic.append(
+                await run_traffic(n, args.idle_seconds, args.churn_seconds, args.churn_period, Path(tmp))
+            )
+        print(f"  {json.dumps(traffic[-1])}", file=sys.stderr)
     runs = []
     for n in [int(x) for x in args.sizes.split(",") if x]:
         print(f"N={n}...", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix=f"otela-conv-{n}-") as tmp:
             runs.append(await run_size(n, args.idle_seconds, Path(tmp)))
+        r = runs[-1]
+        print(f"  join {r['join']} model {r['serve_model']}", file=sys.stderr)
     result = {
         "benchmark": "convergence",
         "machine": {
@@ -239,6 +356,7 @@ async def main() -> int:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
         },
+        "traffic": traffic,
         "runs": runs,
     }
     printable = {**result, "runs": [{k: v for k, v in r.items() if k != "delays"} for r in runs]}

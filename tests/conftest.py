@@ -14,4 +14,5 @@ def _isolated_homes(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
     base: Path = tmp_path_factory.getbasetemp()
     monkeypatch.setenv("XDG_CONFIG_HOME", str(base / "xdg-config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(base / "xdg-state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(base / "xdg-data"))
     os.environ.pop("OTELA_LOG_LEVEL", None)

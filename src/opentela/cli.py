@@ -1,4 +1,4 @@
-"""The `otela` command line: start a node, run the demo, inspect a mesh, run an engine."""
+"""The `otela` command line: start a node, run the demo, inspect a mesh, run an engine, plan placements."""
 
 from __future__ import annotations
 
@@ -28,10 +28,24 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
         "auto (default): a bootstrap peer dials us back, and we go private if it cannot",
     )
     p.add_argument("--key-file", metavar="PATH", help="Ed25519 identity key file")
+    p.add_argument("--join-token", metavar="TOKEN", help="join token of a closed network (see otela network)")
+    p.add_argument("--join-token-file", metavar="FILE", help="file holding the join token")
+    p.add_argument("--network-id", metavar="ID", help="closed network this node must belong to (otn_...)")
     p.add_argument(
         "--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)"
     )
     p.add_argument("--role", choices=["worker", "ingress"], help="node role")
+    p.add_argument(
+        "--controllers",
+        action="append",
+        metavar="PEERID",
+        help="peer id of a fleet controller allowed to assign a model to this idle node (repeatable)",
+    )
+    p.add_argument(
+        "--accept-assignments",
+        choices=["listed", "any"],
+        help="any: every peer may assign work here (local demos only); default listed: only --controllers",
+    )
     p.add_argument(
         "--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)"
     )
@@ -43,7 +57,25 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
         "--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"'
     )
     p.add_argument("--log-dir", metavar="DIR", help="directory for engine logs")
+    p.add_argument(
+        "--frontend",
+        action="store_true",
+        help="on an ingress, also run the API frontend (keys, usage, dashboard)",
+    )
+    p.add_argument(
+        "--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)"
+    )
+    p.add_argument(
+        "--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)"
+    )
     p.add_argument("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
+    p.add_argument("--log-sink", metavar="PATH|URL", help="where a fail-stop ships its log tail")
+    p.add_argument("--health-interval", type=float, metavar="S", help="seconds between engine health checks")
+    p.add_argument("--health-failures", type=int, metavar="N", help="failed checks in a row that fail-stop")
+    p.add_argument("--unhealthy-limit", type=float, metavar="S", help="seconds unhealthy before fail-stop")
+    p.add_argument(
+        "--fatal-log-pattern", action="append", metavar="REGEX", help="engine log line that fail-stops"
+    )
     p.add_argument(
         "--policy",
         metavar="NAME",
@@ -66,16 +98,53 @@ def build_parser() -> argparse.ArgumentParser:
     start = sub.add_parser("start", help="start a node (and its engine)", description="Start a node.")
     _add_start_flags(start)
 
+    slurm = sub.add_parser(
+        "slurm",
+        help="write (and with --submit, submit) a Slurm job running a worker node",
+        description="Write a batch script running `otela start [flags] -- ENGINE` in a Slurm job; "
+        "every `otela start` flag given here is passed on.",
+    )
+    _add_start_flags(slurm)
+    from opentela import slurm as slurm_jobs
+
+    slurm_jobs.add_arguments(slurm)
+
     demo = sub.add_parser("demo", help="a local mesh: an ingress and two embedded-engine workers")
     demo.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
     demo.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
     demo.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
+    demo.add_argument(
+        "--frontend-http",
+        metavar="HOST:PORT",
+        help="API frontend and dashboard address (default 127.0.0.1:8093)",
+    )
     demo.add_argument(
         "--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)"
     )
     demo.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
     demo.add_argument("--dir", metavar="DIR", help="where the demo keeps keys and logs (default: a temp dir)")
     demo.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the mesh to come up")
+
+    frontend = sub.add_parser(
+        "frontend", help="the API frontend: keys, limits, usage, dashboard, in front of an ingress"
+    )
+    frontend.add_argument("--ingress", metavar="URL", help="ingress base URL (default http://127.0.0.1:8092)")
+    frontend.add_argument("--db", metavar="URL", help="database URL (default: SQLite in the data directory)")
+    frontend.add_argument("--http", metavar="HOST:PORT", help="listen address (default 127.0.0.1:8093)")
+    frontend.add_argument(
+        "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
+    )
+    frontend.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
+    frontend.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
+    frontend.add_argument(
+        "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
+    )
+
+    from opentela.keys_cli import add_keys_arguments
+
+    add_keys_arguments(
+        sub.add_parser("keys", help="create, list, revoke, rotate API keys; usage; trace export")
+    )
 
     status = sub.add_parser("status", help="print the mesh as seen by an ingress")
     status.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
@@ -89,6 +158,20 @@ def build_parser() -> argparse.ArgumentParser:
     embedded.add_arguments(emb)
     sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
     simulated.add_simulated_arguments(sim)
+
+    from opentela.netadmin import add_network_parser
+
+    add_network_parser(sub)
+    from opentela.scheduler.commands import add_plan_arguments, add_simulate_arguments
+
+    add_simulate_arguments(sub.add_parser("simulate", help="simulate serving a model on a device type"))
+    add_plan_arguments(sub.add_parser("plan", help="place models on a cluster's idle devices (CP-SAT)"))
+
+    from opentela.fleetctl import add_controller_arguments
+
+    add_controller_arguments(
+        sub.add_parser("controller", help="assign catalog models to idle nodes (fleet controller)")
+    )
 
     bench = sub.add_parser("bench", help="measure an OpenAI-compatible endpoint")
     bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCHMARK")
@@ -119,6 +202,11 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "log_dir",
         "max_body_bytes",
         "reachability",
+        "log_sink",
+        "health_interval",
+        "health_failures",
+        "unhealthy_limit",
+        "accept_assignments",
     ):
         value = getattr(args, name)
         if value is not None:
@@ -127,15 +215,27 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         node["bootstrap"] = tuple(args.bootstrap)
     if args.advertise:
         node["advertise"] = tuple(args.advertise)
+    if args.controllers:
+        node["controllers"] = tuple(args.controllers)
+    if args.fatal_log_pattern:
+        node["fatal_log_patterns"] = tuple(args.fatal_log_pattern)
     if args.ingress or args.role:
         node["role"] = "ingress" if args.ingress else args.role
+    fabric = {k: v for k in ("join_token", "join_token_file", "network_id") if (v := getattr(args, k))}
     if args.http:
         gateway["http"] = args.http
     if args.max_body_bytes is not None:
         gateway["max_body_bytes"] = args.max_body_bytes
     if args.policy:
         gateway["policy"] = args.policy
-    return {"node": node, "gateway": gateway}
+    frontend: dict[str, Any] = {}
+    if args.frontend:
+        frontend["enabled"] = True
+    if args.frontend_http:
+        frontend["http"] = args.frontend_http
+    if args.db:
+        frontend["db"] = args.db
+    return {"node": node, "gateway": gateway, "fabric": fabric, "frontend": frontend}
 
 
 def _engine_command(args: argparse.Namespace) -> list[str]:
@@ -188,6 +288,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from opentela.bench.load import run_from_args
 
             return run_from_args(args)
+        if args.cmd in ("simulate", "plan"):
+            from opentela.scheduler.commands import run
+
+            return run(args)
         if args.cmd == "start":
             from opentela.config import load_config
             from opentela.runner import run_node
@@ -195,11 +299,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging(args.log_level, args.log_format)
             config = load_config(args.config, flags=_start_flags(args))
             return _run(run_node(config, _engine_command(args)))
+        if args.cmd == "slurm":
+            from opentela.slurm import run_slurm
+
+            start_flags = argparse.ArgumentParser(add_help=False)
+            _add_start_flags(start_flags)
+            return run_slurm(args, start_flags)
+        if args.cmd == "frontend":
+            from opentela.config import load_config
+            from opentela.frontend_runner import run_frontend
+
+            setup_logging(args.log_level, args.log_format)
+            flags = {
+                "ingress": args.ingress,
+                "db": args.db,
+                "http": args.http,
+                "admin_token": args.admin_token,
+            }
+            config = load_config(args.config, flags={"frontend": {k: v for k, v in flags.items() if v}})
+            return _run(run_frontend(config))
+        if args.cmd == "keys":
+            from opentela.config import load_config
+            from opentela.frontend_runner import frontend_db_url
+            from opentela.keys_cli import run_keys
+
+            config = load_config(args.config, flags={"frontend": {"db": args.db} if args.db else {}})
+            return _run(run_keys(args, frontend_db_url(config)))
+        if args.cmd == "controller":
+            from opentela.fleetctl import run_controller
+
+            setup_logging(
+                os.environ.get("OTELA_LOG_LEVEL", "INFO"), os.environ.get("OTELA_LOG_FORMAT", "text")
+            )
+            return _run(run_controller(args))
         if args.cmd == "demo":
             from opentela.demo import run_demo
 
             setup_logging("WARNING")
             return _run(run_demo(args))
+        if args.cmd == "network":
+            from opentela.netadmin import run_network
+
+            return run_network(args)
         if args.cmd == "status":
             from opentela.status import print_status
 

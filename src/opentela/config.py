@@ -14,6 +14,7 @@ from typing import Any
 
 from opentela.errors import ConfigError
 from opentela.fabric._config import FabricConfig
+from opentela.frontend._config import FrontendConfig
 from opentela.gateway._config import GatewayConfig
 from opentela.node._config import NodeConfig
 from opentela.registry._config import RegistryConfig
@@ -27,6 +28,7 @@ class OtelaConfig:
     fabric: FabricConfig = field(default_factory=FabricConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
+    frontend: FrontendConfig = field(default_factory=FrontendConfig)
 
 
 def config_home(env: Mapping[str, str] | None = None) -> Path:
@@ -39,6 +41,12 @@ def state_home(env: Mapping[str, str] | None = None) -> Path:
     """$XDG_STATE_HOME/opentela (or ~/.local/state/opentela)."""
     env = os.environ if env is None else env
     return Path(env.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "opentela"
+
+
+def data_home(env: Mapping[str, str] | None = None) -> Path:
+    """$XDG_DATA_HOME/opentela (or ~/.local/share/opentela): the frontend's database and admin token."""
+    env = os.environ if env is None else env
+    return Path(env.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "opentela"
 
 
 def iter_fields(cls: type = OtelaConfig) -> Iterator[tuple[str, dataclasses.Field, type]]:

@@ -16,30 +16,76 @@ from rich.console import Console
 from opentela.engines.embedded import MODEL_ID
 from opentela.errors import ConfigError
 from opentela.fabric.addresses import parse_addr
-from opentela.localmesh import LocalMesh, embedded_engine_argv, port_is_free
+from opentela.frontend import Frontend, FrontendConfig, load_or_create_admin_token
+from opentela.frontend.db import sqlite_url
+from opentela.frontend.keys import KeySettings
+from opentela.localmesh import LocalMesh, embedded_engine_argv, free_port, port_is_free
 
 console = Console(stderr=True)
 
 
-async def _ask(http: aiohttp.ClientSession, api: str, prompt: str) -> tuple[str, dict[str, str]]:
+async def _ask(
+    http: aiohttp.ClientSession, api: str, prompt: str, key: str
+) -> tuple[str, dict[str, str], dict[str, int]]:
     body = {
         "model": MODEL_ID,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": 64,
         "temperature": 0,
     }
-    async with http.post(f"{api}/chat/completions", json=body) as resp:
+    async with http.post(
+        f"{api}/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as resp:
         payload = await resp.json()
         if resp.status != 200:
             raise ConfigError(f"chat request failed with {resp.status}: {payload}")
-        return payload["choices"][0]["message"]["content"].strip(), dict(resp.headers)
+        return (
+            payload["choices"][0]["message"]["content"].strip(),
+            dict(resp.headers),
+            payload.get("usage") or {},
+        )
 
 
-def _print_usage(api: str) -> None:
+def _frontend_addr(given: str | None) -> tuple[str, int]:
+    if given:
+        host, port, _ = parse_addr(given)
+        if host != "127.0.0.1" or not port_is_free(host, port):
+            raise ConfigError(f"{given} is not a free 127.0.0.1 address; pick another with --frontend-http")
+        return host, port
+    # The usual port when it is free, else any free one (another demo or service may hold 8093).
+    return "127.0.0.1", 8093 if port_is_free("127.0.0.1", 8093) else free_port()
+
+
+async def _start_frontend(mesh: LocalMesh, workdir: Path, addr: str | None) -> tuple[Frontend, str]:
+    """The API frontend in this process, in front of the demo's ingress, and a first API key."""
+    host, port = _frontend_addr(addr)
+    config = FrontendConfig(ingress=mesh.api, http=f"{host}:{port}")
+    frontend = await Frontend.create(
+        config,
+        db_url=sqlite_url(workdir / "frontend.db"),
+        admin_token=load_or_create_admin_token(workdir / "admin-token"),
+        instance="demo",
+    )
+    try:
+        await frontend.start(host, port)
+        _, secret = await frontend.state.keys.create(KeySettings(name="demo-user"))
+    except BaseException:
+        await frontend.aclose()
+        raise
+    return frontend, secret
+
+
+def _print_usage(api: str, frontend: Frontend, key: str, workdir: Path) -> None:
     console.print(f"\n[bold green]OpenTela demo mesh is up.[/] OpenAI-compatible endpoint: [bold]{api}[/]\n")
+    console.print(f"Dashboard (models, nodes, playground, keys, usage): [bold]{frontend.url}/[/]")
+    console.print(f"(The ingress itself, without keys or metering: {frontend.state.ingress.base_url}/v1)")
+    console.print(f"First API key (shown once): [bold]{key}[/]", soft_wrap=True)
+    console.print(
+        f"Admin token: in {workdir / 'admin-token'}  ·  API reference: {frontend.url}/docs\n", soft_wrap=True
+    )
     console.print("curl:", style="bold")
     console.print(
-        f"  curl {api}/chat/completions -H 'Content-Type: application/json' \\\n"
+        f"  curl {api}/chat/completions -H 'Content-Type: application/json' -H 'Authorization: Bearer {key}' \\\n"
         f'    -d \'{{"model": "{MODEL_ID}", "messages": [{{"role": "user", "content": "Hello!"}}]}}\'',
         markup=False,
         highlight=False,
@@ -48,7 +94,7 @@ def _print_usage(api: str) -> None:
     console.print("\nPython (openai SDK):", style="bold")
     console.print(
         "  from openai import OpenAI\n"
-        f'  client = OpenAI(base_url="{api}", api_key="unused")\n'
+        f'  client = OpenAI(base_url="{api}", api_key="{key}")\n'
         f'  reply = client.chat.completions.create(model="{MODEL_ID}",\n'
         '      messages=[{"role": "user", "content": "Hello!"}])\n'
         "  print(reply.choices[0].message.content)",
@@ -56,7 +102,7 @@ def _print_usage(api: str) -> None:
         highlight=False,
         soft_wrap=True,
     )
-    console.print(f"\nThe mesh as a table: otela status --ingress {api.removesuffix('/v1')}")
+    console.print(f"\nThe mesh as a table: otela status --ingress {frontend.state.ingress.base_url}")
     console.print("Press Ctrl-C to stop the demo.\n")
 
 
@@ -74,6 +120,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     mesh = LocalMesh(workdir, http_port=http_port)
+    frontend: Frontend | None = None
     console.print(
         f"[bold]Starting an OpenTela mesh on loopback[/]: 1 ingress + {args.workers} workers; logs in {mesh.logs}",
         soft_wrap=True,
@@ -91,15 +138,22 @@ async def run_demo(args: argparse.Namespace) -> int:
             console.print(
                 f"  replica …{r['peer_id'][-8:]} (provider {r['provider_id']}) is SERVING {MODEL_ID}"
             )
+        with console.status("starting the API frontend (keys, usage, dashboard)..."):
+            frontend, key = await _start_frontend(mesh, workdir, args.frontend_http)
+        api = frontend.url + "/v1"
         if args.once:
-            answer, headers = await _ask(mesh.http(), mesh.api, args.prompt)
+            answer, headers, usage = await _ask(mesh.http(), api, args.prompt, key)
             print(f"Q: {args.prompt}")
             print(f"A: {answer}")
             print(
-                f"served by node {headers.get('X-Otela-Node', '?')} (provider {headers.get('X-Otela-Provider', '?')})"
+                f"served by node {headers.get('x-otela-node', '?')} (provider {headers.get('x-otela-provider', '?')})"
+            )
+            print(
+                f"metered for key {key[:14]}...: {usage.get('prompt_tokens', '?')} input + "
+                f"{usage.get('completion_tokens', '?')} output tokens (dashboard {frontend.url}/)"
             )
             return 0
-        _print_usage(mesh.api)
+        _print_usage(api, frontend, key, workdir)
         while not stop.is_set():
             dead = [n for n in mesh.nodes.values() if n.exited() is not None]
             if dead:
@@ -112,4 +166,6 @@ async def run_demo(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         console.print("stopping the demo mesh...")
+        if frontend is not None:
+            await frontend.aclose()
         await mesh.aclose()

@@ -53,6 +53,15 @@ class HandshakeError(FabricError):
     code = "handshake_failed"
 
 
+class AdmissionError(HandshakeError):
+    """The peer is not a member of this closed network (no, foreign, expired or revoked join token)."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "not_admitted"
+    retryable = False
+
+
 class ProtocolError(FabricError):
     """The peer sent bytes that break the wire format."""
 

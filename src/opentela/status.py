@@ -66,7 +66,9 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
             ",".join(rec.get("roles", [])),
             state,
             hardware_text(rec.get("hardware") or {}),
-            ", ".join(m.get("id", "") for m in rec.get("models", [])) or "-",
+            ", ".join(m.get("id", "") for m in rec.get("models", []))
+            # An idle node says what it was assigned (starting, or why the assignment failed).
+            or (f"- ({str(rec['reason'])[:80]})" if rec.get("reason") and state.startswith("JOIN") else "-"),
             ", ".join(rec.get("addrs", [])[:1]),
         )
     # A pipe or a log file has no width; do not squeeze the table into 80 columns there.

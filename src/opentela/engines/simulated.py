@@ -81,6 +81,13 @@ class SimulatedConfig:
     )
     embedding_dim: int = field(default=64, metadata={"help": "length of /v1/embeddings vectors"})
     seed: int = field(default=0, metadata={"help": "seed for error injection draws"})
+    log_line: str = field(
+        default="",
+        metadata={"help": "a line to print to stderr once (e.g. a fake NCCL timeout for fail-stop tests)"},
+    )
+    log_line_after: int | None = field(
+        default=None, metadata={"help": "serve N requests, then print --log-line when the next one arrives"}
+    )
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.itl_ms < 0 or self.itl_per_active_ms < 0:
@@ -323,6 +330,8 @@ class SimulatedHandlers:
         """Count a valid request and draw its fate: ok, error, crash or hang."""
         self.requests += 1
         cfg = self.config
+        if cfg.log_line and cfg.log_line_after is not None and self.requests == cfg.log_line_after + 1:
+            print(cfg.log_line, file=sys.stderr, flush=True)
         if cfg.hang_after is not None and self.requests > cfg.hang_after:
             self._hung = True
             return "hang"

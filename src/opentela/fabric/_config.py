@@ -58,6 +58,29 @@ class FabricConfig:
         default=256, metadata={"help": "Relayed connections this node carries at once."}
     )
 
+    join_token: str = field(
+        default="",
+        repr=False,  # a bearer secret: kept out of `otela config show` and logs
+        metadata={
+            "help": "Join token of a closed network (from `otela network issue`); empty: open network. "
+            "Prefer join_token_file or the variable: flags show up in process lists."
+        },
+    )
+    join_token_file: str = field(
+        default="", metadata={"help": "File holding the join token (instead of join_token)."}
+    )
+    network_id: str = field(
+        default="",
+        metadata={
+            "help": "Closed network this node must belong to (otn_...); the join token must be for it. "
+            "Optional: the token names its network."
+        },
+    )
+    revoked_tokens: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Token ids (hex, see `otela network show-token`) whose holders are refused."},
+    )
+
     def __post_init__(self) -> None:
         for name in ("dial_timeout", "handshake_timeout", "keepalive_interval", "keepalive_timeout"):
             if not getattr(self, name) > 0:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 from opentela._types import PROTO_RELAY, PeerId, ProtocolName, Stream
 from opentela.errors import (
+    AdmissionError,
     ConnectionClosedError,
     DialTimeout,
     FabricError,
@@ -19,6 +21,7 @@ from opentela.errors import (
 from opentela.fabric._config import FabricConfig
 from opentela.fabric._frames import ErrorCode
 from opentela.fabric.addresses import format_addr, parse_addr
+from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
@@ -34,6 +37,7 @@ from opentela.fabric.relay import (
 )
 from opentela.fabric.stream import MuxStream
 from opentela.fabric.tls import TlsMaterial
+from opentela.fabric.tokens import Grant
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +46,7 @@ _Target = tuple[str, int, PeerId | None]
 
 _STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
 _CLOSE_TIMEOUT = 2.0
+_NEVER = 10 * 365 * 86400.0  # token expiries further away than this are not worth a timer (nor its overflow)
 
 
 class Host:
@@ -50,10 +55,14 @@ class Host:
     Use as `async with await Host.create(identity) as host:` or call `aclose()`; it owns every task it starts.
     """
 
-    def __init__(self, identity: Identity, config: FabricConfig, tls: TlsMaterial) -> None:
+    def __init__(
+        self, identity: Identity, config: FabricConfig, tls: TlsMaterial, admission: Admission | None = None
+    ) -> None:
         self.identity = identity
         self.peer_id: PeerId = identity.peer_id
         self.config = config
+        self.admission = admission or Admission.open()
+        self.refused_not_member = 0
         self.listen_addrs: list[str] = []
         self._tls = tls
         self._loop = asyncio.get_running_loop()
@@ -64,6 +73,7 @@ class Host:
         self._dialing: dict[Any, asyncio.Task[PeerId]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._timers: set[asyncio.TimerHandle] = set()
+        self._expiry: dict[MuxConnection, asyncio.TimerHandle] = {}
         self._announced: set[PeerId] = set()
         self._on_connected: list[Callable[[PeerId], None]] = []
         self._on_disconnected: list[Callable[[PeerId], None]] = []
@@ -78,12 +88,17 @@ class Host:
 
     @classmethod
     async def create(
-        cls, identity: Identity, listen: str = "127.0.0.1:0", *, config: FabricConfig | None = None
+        cls,
+        identity: Identity,
+        listen: str = "127.0.0.1:0",
+        *,
+        config: FabricConfig | None = None,
+        admission: Admission | None = None,
     ) -> Host:
-        """Bind `listen` ("host:port", port 0 for any) and start accepting peers."""
+        """Bind `listen` ("host:port", port 0 for any) and start accepting peers (all, or members only)."""
         config = config or FabricConfig()
         tls = await asyncio.to_thread(TlsMaterial.create, identity)
-        host = cls(identity, config, tls)
+        host = cls(identity, config, tls, admission or admission_from_config(config, identity))
         bind_host, port, _ = parse_addr(listen)
         # Plain TCP: each MuxConnection runs TLS itself (see tls.TlsSession for why).
         host._server = await host._loop.create_server(
@@ -91,7 +106,24 @@ class Host:
         )
         host.listen_addrs = [format_addr(*sock.getsockname()[:2]) for sock in host._server.sockets]
         logger.info("fabric listening", extra={"peer_id": host.peer_id, "addrs": ",".join(host.listen_addrs)})
+        host._log_admission()
         return host
+
+    def _log_admission(self) -> None:
+        own = self.admission.own
+        if own is None:
+            logger.info("open network: any peer may join")
+            return
+        grant = own.grant
+        logger.info(
+            "closed network %s: only members with a valid join token may connect",
+            grant.network_id,
+            extra={
+                "network_id": grant.network_id,
+                "provider": grant.provider_id,
+                "token_expires": grant.describe()["expires_at"],
+            },
+        )
 
     async def __aenter__(self) -> Host:
         return self
@@ -268,7 +300,18 @@ class Host:
     async def _accept(self, conn: MuxConnection) -> None:
         try:
             async with asyncio.timeout(self.config.handshake_timeout):
-                peer_id = await server_handshake(conn, self._tls.certificate, self.peer_id)
+                peer_id, grant = await server_handshake(
+                    conn, self._tls.certificate, self.peer_id, self.admission
+                )
+        except AdmissionError as exc:
+            self.refused_not_member += 1
+            where = conn.get_extra_info("peername")
+            if exc.details.get("by_peer"):
+                logger.warning("inbound connection from %s ended: %s", where, exc)
+            else:
+                logger.warning("refused inbound peer from %s: %s", where, exc)
+            conn.close(ErrorCode.PROTOCOL_ERROR, "not admitted")
+            return
         except (HandshakeError, TimeoutError, OSError) as exc:
             logger.info(
                 "inbound handshake from %s failed: %s", conn.get_extra_info("peername"), exc or "timeout"
@@ -276,7 +319,7 @@ class Host:
             conn.close(ErrorCode.PROTOCOL_ERROR, "handshake failed")
             return
         conn.start(peer_id)
-        self._register(conn)
+        self._register(conn, grant)
 
     # --- outbound -------------------------------------------------------------------------------------------
     async def _connect(
@@ -324,13 +367,14 @@ class Host:
             try:
                 return await self._finish_dial(conn, expected, deadline)
             except HandshakeError as exc:
-                conn.abort()
+                _drop(conn, exc)
                 if exc.details.get("timeout"):
                     errors.append(DialTimeout(f"handshake with {format_addr(host, port)} timed out"))
                     break
-                logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
+                if not isinstance(exc, AdmissionError):  # _finish_dial logged that one already
+                    logger.info("handshake with %s failed: %s", format_addr(host, port), exc)
                 errors.append(exc)
-                if exc.details.get("self_dial"):
+                if exc.details.get("self_dial") or isinstance(exc, AdmissionError):
                     break
             except TimeoutError:
                 conn.abort()
@@ -365,10 +409,20 @@ class Host:
             # Dialed by address: from here on, dials naming this peer join ours instead of racing it.
             self._dialing[peer_id] = current  # type: ignore[assignment]
             current.add_done_callback(lambda t: self._forget_dial(peer_id, t))
-        async with asyncio.timeout_at(deadline):
-            await client_handshake(conn, self.identity, certificate or b"")
+        try:
+            async with asyncio.timeout_at(deadline):
+                grant = await client_handshake(
+                    conn, self.identity, certificate or b"", self.admission, peer_id
+                )
+        except AdmissionError as exc:
+            self.refused_not_member += 1
+            if exc.details.get("by_peer"):
+                logger.warning("not connected to %s: %s", peer_id, exc)
+            else:
+                logger.warning("refused to connect to %s: %s", peer_id, exc)
+            raise
         conn.start(peer_id)
-        self._register(conn)
+        self._register(conn, grant)
         return peer_id
 
     async def _connect_relayed(self, peer_id: PeerId, circuits: list[str], timeout: float | None) -> None:
@@ -380,6 +434,8 @@ class Host:
                 async with asyncio.timeout(timeout):
                     await self._dial_relayed(peer_id, relay_of(circuit), self._loop.time() + timeout)
                 return
+            except AdmissionError:
+                raise  # the peer itself answered, end to end: another relay would hear the same
             except (OpenTelaError, TimeoutError, asyncio.IncompleteReadError, ValueError) as exc:
                 errors.append(f"{circuit}: {exc or 'timeout'}")
         raise PeerUnreachableError(f"no relay could reach {peer_id}: {'; '.join(errors)}", peer_id=peer_id)
@@ -399,8 +455,8 @@ class Host:
             if conn.error is not None:
                 raise PeerUnreachableError(f"TLS through relay {relay_peer} failed: {conn.error}")
             peer = await self._finish_dial(conn, peer_id, deadline)
-        except BaseException:
-            conn.abort()
+        except BaseException as exc:
+            _drop(conn, exc)
             raise
         self.relay.relayed_out += 1
         return peer
@@ -489,12 +545,16 @@ class Host:
         return conn
 
     # --- connection bookkeeping -----------------------------------------------------------------------------
-    def _register(self, conn: MuxConnection) -> None:
+    def _register(self, conn: MuxConnection, grant: Grant | None = None) -> None:
         """Make `conn` the connection to its peer, or, if one exists, keep exactly one of the two."""
         peer_id = conn.remote_peer
         if self._closed:
             conn.close(ErrorCode.NO_ERROR, "host shutting down")
             return
+        delay = grant.expires_at - time.time() if grant is not None and grant.expires_at else _NEVER
+        if delay < _NEVER:
+            # Membership ends with the token: the connection does too (a renewed token means a new connection).
+            self._expiry[conn] = self._loop.call_later(max(0.0, delay), self._membership_expired, conn)
         old = self._conns.get(peer_id)
         if old is not None and old.usable:
             if not self._keep_new(conn, old):
@@ -510,6 +570,11 @@ class Host:
             self._announced.add(peer_id)
             logger.info("peer connected", extra={"peer_id": peer_id, "dialer": conn.initiator})
             self._notify(self._on_connected, peer_id)
+
+    def _membership_expired(self, conn: MuxConnection) -> None:
+        if conn.error is None:
+            logger.warning("the join token of %s expired: closing its connection", conn.remote_peer)
+            conn.close(ErrorCode.NO_ERROR, "join token expired")
 
     def _keep_new(self, new: MuxConnection, old: MuxConnection) -> bool:
         # Both ends must pick the same survivor without talking: keep the connection dialed by the smaller
@@ -533,6 +598,9 @@ class Host:
 
     def _on_close(self, conn: MuxConnection) -> None:
         self._live.discard(conn)
+        expiry = self._expiry.pop(conn, None)
+        if expiry is not None:
+            expiry.cancel()
         peer_id = conn.remote_peer
         if peer_id and self._conns.get(peer_id) is conn:
             del self._conns[peer_id]
@@ -583,3 +651,11 @@ class Host:
                 await stream.aclose()
             except OpenTelaError:
                 pass
+
+
+def _drop(conn: MuxConnection, exc: BaseException) -> None:
+    """Abort a failed dial, but let a refusal on admission grounds reach the peer first (it says why)."""
+    if isinstance(exc, AdmissionError):
+        conn.close(ErrorCode.PROTOCOL_ERROR, "not admitted")
+    else:
+        conn.abort()

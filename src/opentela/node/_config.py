@@ -2,7 +2,24 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+
+from opentela.errors import ConfigError
+from opentela.fabric.identity import is_peer_id
+
+DEFAULT_FATAL_LOG_PATTERNS: tuple[str, ...] = (
+    r"NCCL.*\btimeout\b",
+    r"NCCL.*\btimed out\b",
+    r"Watchdog caught collective operation timeout",
+    r"\bNCCL error\b",
+    r"CUDA out of memory",
+    r"\bCUDA error\b",
+    r"illegal memory access",
+    r"uncorrectable ECC",
+    r"EngineDeadError",
+)
+"""Engine log lines that mean the engine (or its GPU) cannot go on: NCCL timeouts and errors, CUDA faults."""
 
 
 @dataclass(frozen=True)
@@ -67,3 +84,88 @@ class NodeConfig:
         default="",
         metadata={"help": "If set, append a line per registry change applied here to DIR/SESSION.trace."},
     )
+    health_interval: float = field(
+        default=10.0,
+        metadata={
+            "help": "Seconds between health checks of a serving engine (GET its health path); 0: none."
+        },
+    )
+    health_timeout: float = field(
+        default=10.0,
+        metadata={"help": "Seconds one engine health check may take before it counts as failed."},
+    )
+    health_failures: int = field(
+        default=3,
+        metadata={
+            "help": "Consecutive failed health checks that make the node fail-stop (exit 5); 0: never."
+        },
+    )
+    unhealthy_limit: float = field(
+        default=120.0,
+        metadata={
+            "help": "Seconds without a passing health check after which the node fail-stops (exit 5); 0: never."
+        },
+    )
+    fatal_log_patterns: tuple[str, ...] = field(
+        default=DEFAULT_FATAL_LOG_PATTERNS,
+        metadata={
+            "help": "Regular expressions (case-insensitive) that, matched by an engine log line, make the node "
+            "fail-stop (exit 6); an empty list turns log watching off."
+        },
+    )
+    log_sink: str = field(
+        default="",
+        metadata={
+            "help": "Where a node that stops on a fatal condition ships its log tail: a file path (appended) "
+            "or an http(s):// URL (JSON POST); empty: nowhere."
+        },
+    )
+    log_sink_timeout: float = field(
+        default=10.0,
+        metadata={"help": "Seconds shipping the log tail may take before the node exits anyway."},
+    )
+    controllers: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Peer ids of the fleet controllers allowed to assign a model to this node while it is idle "
+            "(an assignment runs an engine command here); empty: the node refuses every assignment."
+        },
+    )
+    accept_assignments: str = field(
+        default="listed",
+        metadata={
+            "help": "`listed`: only the `controllers` may assign work; `any`: every peer of the mesh may "
+            "(it can then run commands on this machine: for local demos only)."
+        },
+    )
+    log_tail_lines: int = field(
+        default=200,
+        metadata={"help": "Lines of the engine log and of the node's own log in a fail-stop report."},
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("health_interval", "health_failures", "unhealthy_limit", "log_tail_lines"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"[node] {name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("health_timeout", "log_sink_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[node] {name} must be positive, got {getattr(self, name)!r}")
+        for pattern in self.fatal_log_patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(
+                    f"[node] fatal log pattern {pattern!r} is not a valid regular expression: {exc}"
+                ) from None
+        if self.accept_assignments not in ("listed", "any"):
+            raise ConfigError(
+                f"[node] accept_assignments must be `listed` or `any`, not {self.accept_assignments!r}"
+            )
+        for peer in self.controllers:
+            if not is_peer_id(peer):
+                raise ConfigError(f"[node] controllers: {peer!r} is not a peer id (12D3KooW...)")
+        sink = self.log_sink.strip()
+        if "://" in sink and not sink.startswith(("file://", "http://", "https://")):
+            raise ConfigError(
+                f"[node] log_sink {sink!r}: use a file path, file://PATH, http:// or https:// URL"
+            )

@@ -75,6 +75,7 @@ class EngineSupervisor:
         self._proc: subprocess.Popen[bytes] | None = None
         self._exited = asyncio.Event()
         self._log_offset = 0
+        self._output_offset = 0
         self._pidfd: int | None = None
         self._watcher: asyncio.Task[None] | None = None
 
@@ -87,6 +88,11 @@ class EngineSupervisor:
     def returncode(self) -> int | None:
         """The exit status once the engine exited (negative: killed by that signal), else None."""
         return self._proc.returncode if self._proc else None
+
+    @property
+    def output_offset(self) -> int:
+        """Where this run's engine output starts in the log file (after the header line the node wrote)."""
+        return self._output_offset
 
     @property
     def running(self) -> bool:
@@ -116,6 +122,7 @@ class EngineSupervisor:
                 f"=== {stamp} otela starting engine {self.spec.name}: {self.spec.command_line}\n".encode()
             )
             log.flush()
+            self._output_offset = log.tell()
             try:
                 # The child gets its own copy of the log descriptor; ours closes with this block.
                 return subprocess.Popen(

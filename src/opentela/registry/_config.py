@@ -1,22 +1,86 @@
-"""Settings of the registry: replication fan-out and pace, liveness probing."""
+"""Settings of the registry: replication fan-out and pace, SWIM failure detection, retention of dead records."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentela.errors import ConfigError
+
+DAY = 86400.0
+
 
 @dataclass(frozen=True)
 class RegistryConfig:
-    """How records replicate and how peers are watched."""
+    """How records replicate, how peers are watched, and how long dead records are kept."""
 
-    fanout: int = field(default=3, metadata={"help": "Peers a changed record is pushed to at once."})
+    fanout: int = field(
+        default=4,
+        metadata={
+            "help": "Peers a changed record is pushed to at once (each replica pushes once; about e^-fanout of "
+            "the replicas miss the push and learn the change by anti-entropy instead)."
+        },
+    )
     anti_entropy_interval: float = field(
         default=2.0, metadata={"help": "Seconds between digest exchanges with one random peer."}
     )
     probe_interval: float = field(
-        default=1.0, metadata={"help": "Seconds between liveness probes of a random peer."}
+        default=1.0,
+        metadata={"help": "Seconds between SWIM probes of the next peer (randomized round robin)."},
     )
-    probe_timeout: float = field(default=1.0, metadata={"help": "Seconds a probe waits for its answer."})
+    probe_timeout: float = field(
+        default=0.5,
+        metadata={"help": "Seconds a direct probe waits for its answer before other peers are asked to try."},
+    )
+    indirect_probes: int = field(
+        default=3, metadata={"help": "Peers asked to probe a silent peer on our behalf (SWIM ping-req)."}
+    )
+    indirect_timeout: float = field(
+        default=1.0, metadata={"help": "Seconds the indirect probes of a silent peer may take."}
+    )
+    suspicion_timeout: float = field(
+        default=10.0,
+        metadata={
+            "help": "Seconds a suspected peer has to refute before it is evicted (LEFT); it is out of routing "
+            "from the moment it is suspected."
+        },
+    )
+    local_health_limit: int = field(
+        default=8,
+        metadata={
+            "help": "Highest local health score: a node that finds itself slow (its event loop stalled during a "
+            "probe, or it had to refute a suspicion of itself) multiplies its probe and suspicion timeouts by up "
+            "to 1 + this; 0 turns the mechanism off."
+        },
+    )
+    retransmit_mult: int = field(
+        default=3,
+        metadata={
+            "help": "Each membership update rides on mult x log2(N+1) probe messages before it is dropped."
+        },
+    )
+    max_piggyback: int = field(
+        default=6, metadata={"help": "Membership updates carried by one probe message."}
+    )
+    left_retention: float = field(
+        default=DAY,
+        metadata={
+            "help": "Seconds a DOWN or LEFT record stays visible in the node table before it is hidden."
+        },
+    )
+    tombstone_retention: float = field(
+        default=7 * DAY,
+        metadata={
+            "help": "Seconds after its last write when a record is compacted away, and after which a replica "
+            "refuses it (so an old replica cannot bring it back)."
+        },
+    )
+    refresh_interval: float = field(
+        default=3600.0,
+        metadata={"help": "Seconds between re-signings of a node's own unchanged record, keeping it fresh."},
+    )
+    gc_interval: float = field(
+        default=60.0, metadata={"help": "Seconds between garbage collection passes over the registry."}
+    )
     gossip_timeout: float = field(default=5.0, metadata={"help": "Seconds one gossip exchange may take."})
     max_message_bytes: int = field(
         default=4 * 1024 * 1024,
@@ -25,3 +89,28 @@ class RegistryConfig:
     max_records_per_message: int = field(
         default=256, metadata={"help": "Records per gossip message when sending a delta."}
     )
+
+    def __post_init__(self) -> None:
+        positive = (
+            "anti_entropy_interval",
+            "probe_interval",
+            "probe_timeout",
+            "indirect_timeout",
+            "suspicion_timeout",
+            "left_retention",
+            "tombstone_retention",
+            "refresh_interval",
+            "gc_interval",
+            "gossip_timeout",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"[registry] {name} must be positive, got {getattr(self, name)!r}")
+        if self.local_health_limit < 0:
+            raise ConfigError("[registry] local_health_limit must be >= 0")
+        if self.indirect_probes < 0 or self.retransmit_mult < 1 or self.max_piggyback < 1:
+            raise ConfigError("[registry] indirect_probes >= 0, retransmit_mult >= 1 and max_piggyback >= 1")
+        if self.tombstone_retention <= self.left_retention:
+            raise ConfigError("[registry] tombstone_retention must be longer than left_retention")
+        if self.refresh_interval * 2 > self.tombstone_retention:
+            raise ConfigError("[registry] refresh_interval must be at most half of tombstone_retention")

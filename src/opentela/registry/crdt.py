@@ -84,5 +84,5 @@ class GMap:
         return out
 
     def remove(self, session_id: SessionId) -> NodeRecord | None:
-        """Drop a key outright; only tombstone compaction may call this (a later issue's garbage collector)."""
+        """Drop a key outright; only tombstone compaction (`Registry.collect_garbage`) calls this."""
         return self._records.pop(session_id, None)

@@ -1,7 +1,13 @@
-"""Liveness as this node sees it: suspected peers are excluded from routing; nothing here enters the CRDT.
+"""The SWIM driver over /otela/probe/1: probes, indirect probes, refutation, eviction; nothing here is in the CRDT.
 
-`LivenessView` is the pure state machine; `Membership` drives it from the fabric (disconnects, probe results,
-contact). The full SWIM protocol (indirect probes, incarnations, eviction) grows out of this seam.
+Messages (msgpack maps, one request and one answer per stream; "u" is an optional list of piggybacked
+membership updates [status, session, incarnation]):
+  ping      {"p": target session, "u"}          -> {"a": incarnation, "u"}   or {"x": 1} (not that session)
+  ping-req  {"r": target session, "w": peer id, "u"} -> {"a": incarnation}  or {"f": 1} (no answer either)
+
+Routing exclusion is the union of SWIM suspicion (all probe paths failed, spread to everyone) and a local,
+transport-level mark (our connection dropped or a request failed) that lasts until we hear from the peer again
+and makes this node probe it at once.
 """
 
 from __future__ import annotations
@@ -9,192 +15,426 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from opentela._types import PROTO_PROBE, Lifecycle, PeerId, Stream
+from opentela._types import PROTO_PROBE, Lifecycle, PeerId, SessionId, Stream
 from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.registry._config import RegistryConfig
+from opentela.registry.local_health import LocalHealth, LoopLag
+from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
+from opentela.registry.swim import Member, Status, SwimState, Update
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class Suspicion:
-    """Why and since when a peer is suspected."""
-
-    since: float
-    reason: str
-
-
-class LivenessView:
-    """suspected peers and when each was last heard from; pure, clock passed in."""
-
-    def __init__(self) -> None:
-        self.suspected: dict[PeerId, Suspicion] = {}
-        self.last_seen: dict[PeerId, float] = {}
-        self._listeners: list[Callable[[PeerId, bool], None]] = []
-
-    def on_change(self, listener: Callable[[PeerId, bool], None]) -> None:
-        """Called with (peer, suspected) on each transition."""
-        self._listeners.append(listener)
-
-    def suspect(self, peer: PeerId, reason: str, now: float) -> bool:
-        """Mark `peer` suspected; True when it was not already."""
-        if peer in self.suspected:
-            return False
-        self.suspected[peer] = Suspicion(now, reason)
-        for listener in self._listeners:
-            listener(peer, True)
-        return True
-
-    def alive(self, peer: PeerId, now: float) -> bool:
-        """Record contact with `peer`; True when this lifts a suspicion."""
-        self.last_seen[peer] = now
-        if self.suspected.pop(peer, None) is None:
-            return False
-        for listener in self._listeners:
-            listener(peer, False)
-        return True
-
-    def is_suspected(self, peer: PeerId) -> bool:
-        """Whether routing should avoid `peer`."""
-        return peer in self.suspected
+MAX_PROBE_MESSAGE = 4096
+NOT_THAT_SESSION = -1
 
 
 class Membership:
-    """Feeds the liveness view from connection events and periodic ping probes over /otela/probe/1."""
+    """Watches the other nodes' sessions with SWIM and evicts the ones that stay silent."""
 
-    def __init__(self, host: Host, registry: Registry, *, config: RegistryConfig | None = None) -> None:
+    def __init__(
+        self,
+        host: Host,
+        registry: Registry,
+        *,
+        config: RegistryConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.host = host
         self.registry = registry
         self.config = config or RegistryConfig()
-        self.view = LivenessView()
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self.swim = SwimState(
+            registry.session_id,
+            suspicion_timeout=self.config.suspicion_timeout,
+            retransmit_mult=self.config.retransmit_mult,
+            rng=self._rng,
+        )
+        self.health = LocalHealth(self.config.local_health_limit)
+        self.loop_lag = LoopLag(interval=min(0.25, self.config.probe_timeout / 2))
+        self._refutations_seen = 0
+        self.unreachable: dict[PeerId, str] = {}
+        self.last_seen: dict[PeerId, float] = {}
+        self._probing: set[SessionId] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._rng = random.Random()
-        self.probes_sent = 0
-        self.probes_failed = 0
+        self._closed = False
+        self.counters: dict[str, int] = {
+            "probes_sent": 0,
+            "probes_failed": 0,
+            "probes_inconclusive": 0,
+            "indirect_probes_sent": 0,
+            "suspicions": 0,
+            "refutations": 0,
+            "evictions": 0,
+            "evictions_held": 0,
+        }
 
     def __repr__(self) -> str:
-        return f"<Membership suspected={len(self.view.suspected)}>"
+        return f"<Membership {self.swim!r} unreachable={len(self.unreachable)}>"
 
+    # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Serve probes, watch connections, start probing."""
-        self.host.set_handler(PROTO_PROBE, self.rpc_ping)
+        """Serve probes, watch connections, start the protocol period."""
+        self.host.set_handler(PROTO_PROBE, self.rpc_probe)
         self.host.on_peer_disconnected(lambda peer: self.suspect(peer, "connection lost"))
         self.host.on_peer_connected(self.confirm_alive)
-        self.view.on_change(self._log_change)
-        task = asyncio.create_task(self._probe_loop(), name="otela-probe-loop")
-        self._tasks.add(task)
+        self.swim.on_change(self._on_member_change)
+        self._spawn(self._probe_loop(), "swim-probe-loop")
+        if self.config.local_health_limit:
+            self._spawn(self.loop_lag.run(), "swim-loop-lag")
 
     async def aclose(self) -> None:
         """Stop probing."""
-        for task in self._tasks:
+        self._closed = True
+        for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
-    @staticmethod
-    def _log_change(peer: PeerId, suspected: bool) -> None:
-        if suspected:
-            logger.info("peer suspected", extra={"peer_id": peer})
+    def _spawn(self, coro: Any, name: str) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.create_task(coro, name=f"otela-{name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def restart(self, session: SessionId) -> None:
+        """Our node carries on under a new session."""
+        self.swim.restart(session)
+
+    def _on_member_change(self, member: Member) -> None:
+        if member.status is Status.SUSPECT:
+            self.counters["suspicions"] += 1
+            logger.info(
+                "session suspected",
+                extra={"peer_id": member.peer, "session": member.session[:12], "witnessed": member.witnessed},
+            )
         else:
-            logger.info("peer alive again", extra={"peer_id": peer})
+            logger.info(
+                "session alive again",
+                extra={
+                    "peer_id": member.peer,
+                    "session": member.session[:12],
+                    "incarnation": member.incarnation,
+                },
+            )
+
+    # --- verdicts -----------------------------------------------------------------------------------------
+    def is_suspected(self, peer: PeerId) -> bool:
+        """Whether routing should avoid `peer`: a transport failure not yet cleared, or only suspected sessions.
+
+        A peer that restarted under the same key has its old session suspected and its new one alive: it is not.
+        """
+        if peer in self.unreachable:
+            return True
+        statuses = {m.status for m in self.swim.members.values() if m.peer == peer}
+        return statuses == {Status.SUSPECT}
+
+    def is_excluded(self, record: NodeRecord) -> bool:
+        """Whether routing should avoid this session."""
+        return record.peer_id in self.unreachable or self.swim.is_suspected(record.session_id)
 
     def suspect(self, peer: PeerId, reason: str) -> None:
-        """Exclude `peer` from routing until it answers again."""
-        if peer != self.host.peer_id:
-            self.view.suspect(peer, reason, time.monotonic())
+        """A transport-level failure: avoid `peer` until we hear from it, and probe its sessions now."""
+        if peer == self.host.peer_id:
+            return
+        if peer not in self.unreachable:
+            logger.info("peer unreachable", extra={"peer_id": peer, "reason": reason})
+        self.unreachable[peer] = reason
+        for member in [m for m in self.swim.members.values() if m.peer == peer]:
+            if member.session not in self._probing:
+                self._spawn(self.probe(member), "swim-urgent-probe")
 
     def confirm_alive(self, peer: PeerId) -> None:
-        """We heard from `peer`."""
-        self.view.alive(peer, time.monotonic())
+        """We heard from `peer` (a connection, an inbound stream, an answer)."""
+        self.last_seen[peer] = self.clock()
+        if self.unreachable.pop(peer, None) is not None:
+            logger.info("peer reachable again", extra={"peer_id": peer})
 
-    def is_suspected(self, peer: PeerId) -> bool:
-        """Local verdict for routing."""
-        return peer in self.view.suspected
+    # --- the protocol period ------------------------------------------------------------------------------
+    def _live_sessions(self) -> dict[SessionId, PeerId]:
+        return {r.session_id: r.peer_id for r in self.registry.records() if r.lifecycle <= Lifecycle.SERVING}
 
-    def _addrs_of(self, peer: PeerId) -> tuple[str, ...]:
-        for record in self.registry.records():
-            if record.peer_id == peer and record.lifecycle <= Lifecycle.SERVING:
-                return record.addrs
-        return ()
+    def tick(self) -> list[NodeRecord]:
+        """Bookkeeping of one period: follow the registry, evict sessions past their grace; returns evictions."""
+        if self.swim.refutations > self._refutations_seen:
+            # Others found us silent for a whole probe round: we are probably the slow one.
+            self._refutations_seen = self.swim.refutations
+            self.health.degrade()
+        self.swim.suspicion_timeout = self.config.suspicion_timeout * self.health.multiplier
+        self.swim.sync(self._live_sessions())
+        known = {m.peer for m in self.swim.members.values()}
+        for peer in [p for p in self.unreachable if p not in known]:
+            del self.unreachable[peer]
+        written = []
+        now = self.clock()
+        for member in self.swim.due_evictions(now):
+            if not self._in_touch(member.peer, now):
+                # We hear from nobody else either: we may be the one cut off, and evicting the whole mesh from
+                # here would force every node to rejoin once we are back. Routing avoids the session meanwhile.
+                self.counters["evictions_held"] += 1
+                continue
+            reason = f"no answer to any probe for {self.swim.suspicion_timeout:g} s (SWIM)"
+            record = self.registry.evict(member.session, reason)
+            self.swim.remove(member.session)
+            if record is not None:
+                self.counters["evictions"] += 1
+                written.append(record)
+        return written
 
-    def probe_targets(self) -> list[PeerId]:
-        """Peers worth probing: live records of others, plus anyone connected."""
-        me = self.host.peer_id
-        peers = {
-            r.peer_id for r in self.registry.records() if r.lifecycle <= Lifecycle.SERVING and r.peer_id != me
-        }
-        peers.update(self.host.connected_peers())
-        return sorted(peers)
+    def _in_touch(self, suspect: PeerId, now: float) -> bool:
+        """Whether some other node answered us within the grace period (or there is no other node to ask)."""
+        others = {m.peer for m in self.swim.members.values()} - {suspect}
+        horizon = now - self.config.suspicion_timeout
+        return not others or any(self.last_seen.get(p, -1e300) >= horizon for p in others)
 
     async def _probe_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.config.probe_interval * (0.5 + self._rng.random()))
-            targets = self.probe_targets()
-            if not targets:
-                continue
-            # One random peer per round, plus every suspected one so a recovered peer comes back promptly.
-            chosen = {self._rng.choice(targets)} | (set(self.view.suspected) & set(targets))
-            await asyncio.gather(*(self.probe(p) for p in chosen))
+            await asyncio.sleep(self.config.probe_interval * (0.9 + 0.2 * self._rng.random()))
+            self.tick()
+            target = self.swim.next_target()
+            # Suspected sessions get a direct ping every period as well, so one that was only slow refutes
+            # promptly once it runs again. Probes run as tasks: a failing one (probe_timeout + indirect_timeout)
+            # does not stretch the period.
+            for member in self.swim.suspected():
+                if member is not target and member.session not in self._probing:
+                    self._spawn(self._ping_only(member), "swim-ping")
+            if target is not None and target.session not in self._probing:
+                self._spawn(self.probe(target), "swim-probe")
 
-    async def probe(self, peer: PeerId) -> bool:
-        """Ping `peer` once; updates the view; True when it answered in time."""
-        self.probes_sent += 1
-        nonce = int.from_bytes(os.urandom(8), "big")
+    async def _ping_only(self, member: Member) -> None:
+        self._probing.add(member.session)
         try:
-            async with asyncio.timeout(self.config.probe_timeout):
+            answer = await self.call_ping(member)
+        finally:
+            self._probing.discard(member.session)
+        if answer is not None and answer >= 0:
+            self.swim.acked(member.session, answer, self.clock())
+
+    async def probe(self, member: Member) -> bool:
+        """Probe one session: directly, then through helpers; suspect it when every path fails."""
+        self._probing.add(member.session)
+        started = self.loop_lag.clock()
+        try:
+            answer = await self.call_ping(member, self.config.probe_timeout * self.health.multiplier)
+            if answer is None:
+                answer = await self._probe_indirectly(member)
+            now = self.clock()
+            if answer is None and self._stalled_since(started):
+                # Our own loop stalled while we waited: the silence may be ours. No verdict on the peer.
+                self.counters["probes_inconclusive"] += 1
+                self.health.degrade()
+                return False
+            if answer is None or answer == NOT_THAT_SESSION:
+                self.counters["probes_failed"] += 1
+                self.swim.probe_failed(member.session, now)
+                return False
+            self.swim.acked(member.session, answer, now)
+            self.health.improve()
+            return True
+        finally:
+            self._probing.discard(member.session)
+
+    def _stalled_since(self, started: float) -> bool:
+        """Whether this process's event loop stalled for half a probe timeout or more since `started`."""
+        if not self.config.local_health_limit:
+            return False
+        return self.loop_lag.worst_since(started) >= self.config.probe_timeout / 2
+
+    async def _probe_indirectly(self, target: Member) -> int | None:
+        helpers = self.swim.helpers(target, self.config.indirect_probes)
+        if not helpers:
+            return None
+        self.counters["indirect_probes_sent"] += len(helpers)
+        pending = {asyncio.ensure_future(self.call_ping_req(h, target)) for h in helpers}
+        try:
+            async with asyncio.timeout(self.config.indirect_timeout * self.health.multiplier):
+                while pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        if (answer := task.result()) is not None:
+                            return answer
+        except TimeoutError:
+            pass
+        finally:
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return None
+
+    # --- calls --------------------------------------------------------------------------------------------
+    def _addrs_of(self, session: SessionId) -> tuple[str, ...]:
+        record = self.registry.get(session)
+        return record.addrs if record is not None else ()
+
+    def _updates_for(self, recipient: SessionId | None) -> list[Any]:
+        return [u.to_wire() for u in self.swim.piggyback(recipient, self.config.max_piggyback)]
+
+    async def _exchange(
+        self, peer: PeerId, session: SessionId, message: dict[str, Any], timeout: float
+    ) -> dict[str, Any] | None:
+        try:
+            async with asyncio.timeout(timeout):
                 stream = await self.host.open_stream(
-                    peer, PROTO_PROBE, addrs=self._addrs_of(peer), timeout=self.config.probe_timeout
+                    peer, PROTO_PROBE, addrs=self._addrs_of(session), timeout=timeout
                 )
                 try:
-                    await write_msg(stream, {"ping": nonce})
-                    reply = await read_msg(stream, 1024)
+                    await write_msg(stream, message)
+                    reply = await read_msg(stream, MAX_PROBE_MESSAGE)
                 finally:
                     await stream.aclose()
-            ok = isinstance(reply, dict) and reply.get("pong") == nonce
         except (OpenTelaError, TimeoutError, asyncio.IncompleteReadError, OSError):
-            ok = False
-        if ok:
-            self.confirm_alive(peer)
-        else:
-            self.probes_failed += 1
-            self.suspect(peer, "probe failed")
-        return ok
+            return None
+        if not isinstance(reply, dict):
+            return None
+        self.confirm_alive(peer)
+        self._take_updates(reply.get("u"))
+        return reply
 
-    async def rpc_ping(self, stream: Stream) -> None:
-        """Answer a probe."""
-        self.confirm_alive(stream.remote_peer)
+    async def call_ping(self, member: Member, timeout: float | None = None) -> int | None:
+        """Ping a session directly: its incarnation, NOT_THAT_SESSION, or None when it did not answer."""
+        self.counters["probes_sent"] += 1
+        message: dict[str, Any] = {"p": member.session}
+        if updates := self._updates_for(member.session):
+            message["u"] = updates
+        reply = await self._exchange(
+            member.peer, member.session, message, timeout or self.config.probe_timeout
+        )
+        return _answer(reply)
+
+    async def call_ping_req(self, helper: Member, target: Member) -> int | None:
+        """Ask `helper` to ping `target` for us: the target's incarnation, or None."""
+        message: dict[str, Any] = {"r": target.session, "w": target.peer}
+        if updates := self._updates_for(helper.session):
+            message["u"] = updates
+        reply = await self._exchange(
+            helper.peer, helper.session, message, self.config.indirect_timeout * self.health.multiplier
+        )
+        answer = _answer(reply)
+        return None if answer == NOT_THAT_SESSION else answer
+
+    def _take_updates(self, raw: Any) -> None:
+        if not isinstance(raw, list):
+            return
+        now = self.clock()
+        before = self.swim.incarnation
+        for item in raw[: self.config.max_piggyback * 2]:
+            try:
+                update = Update.from_wire(item)
+            except ValueError as exc:
+                logger.debug("dropped a malformed membership update: %s", exc)
+                continue
+            self.swim.apply(update, now)
+        if self.swim.incarnation != before:
+            self.counters["refutations"] += 1
+            logger.info("refuted a suspicion of this node", extra={"incarnation": self.swim.incarnation})
+
+    # --- serving ------------------------------------------------------------------------------------------
+    def _session_of(self, peer: PeerId) -> SessionId | None:
+        # A suspected session of the caller first: it is the news the caller most needs to hear.
+        sessions = [m for m in self.swim.members.values() if m.peer == peer]
+        sessions.sort(key=lambda m: m.status is not Status.SUSPECT)
+        return sessions[0].session if sessions else None
+
+    async def rpc_probe(self, stream: Stream) -> None:
+        """Answer a ping or run a ping-req."""
+        caller = stream.remote_peer
+        self.confirm_alive(caller)
         with contextlib.suppress(OpenTelaError, asyncio.IncompleteReadError):
-            msg = await read_msg(stream, 1024)
-            if isinstance(msg, dict) and "ping" in msg:
-                await write_msg(stream, {"pong": msg["ping"]})
+            msg = await read_msg(stream, MAX_PROBE_MESSAGE)
+            if isinstance(msg, dict):
+                self._take_updates(msg.get("u"))
+                reply = await self._answer_probe(msg)
+                if reply is not None:
+                    if updates := self._updates_for(self._session_of(caller)):
+                        reply["u"] = updates
+                    await write_msg(stream, reply)
         await stream.aclose()
 
+    async def _answer_probe(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        if "p" in msg:
+            return {"a": self.swim.incarnation} if msg["p"] == self.swim.session else {"x": 1}
+        target, peer = msg.get("r"), msg.get("w")
+        if isinstance(target, str) and isinstance(peer, str) and peer != self.host.peer_id:
+            member = self.swim.members.get(target) or Member(target, peer)
+            answer = await self.call_ping(member, timeout=self.config.probe_timeout)
+            if answer is not None and answer >= 0:
+                self.swim.acked(target, answer, self.clock())
+                return {"a": answer}
+            return {"f": 1}
+        return None
+
+    # --- diagnostics --------------------------------------------------------------------------------------
     def snapshot(self) -> list[dict[str, Any]]:
-        """Known peers, connected or not, with their liveness."""
-        now = time.monotonic()
-        out = []
+        """Every watched session with its liveness, plus peers we are connected to without a live record."""
+        now = self.clock()
         connected = set(self.host.connected_peers())
-        for peer in sorted(set(self.probe_targets()) | set(self.view.suspected)):
-            seen = self.view.last_seen.get(peer)
-            suspicion = self.view.suspected.get(peer)
+        out = []
+        for member in sorted(self.swim.members.values(), key=lambda m: m.session):
+            seen = self.last_seen.get(member.peer)
+            out.append(
+                {
+                    "peer_id": member.peer,
+                    "session_id": member.session,
+                    "connected": member.peer in connected,
+                    "suspected": member.status is Status.SUSPECT or member.peer in self.unreachable,
+                    "incarnation": member.incarnation,
+                    "suspected_for_s": round(now - member.suspected_at, 3)
+                    if member.suspected_at is not None
+                    else None,
+                    "witnessed": member.witnessed,
+                    "reason": self.unreachable.get(member.peer)
+                    or ("probes failed" if member.status is Status.SUSPECT else None),
+                    "last_seen_s_ago": round(now - seen, 3) if seen is not None else None,
+                }
+            )
+        watched = {m.peer for m in self.swim.members.values()}
+        for peer in sorted(connected - watched - {self.host.peer_id}):
+            seen = self.last_seen.get(peer)
             out.append(
                 {
                     "peer_id": peer,
-                    "connected": peer in connected,
-                    "suspected": suspicion is not None,
-                    "suspected_for_s": round(now - suspicion.since, 3) if suspicion else None,
-                    "reason": suspicion.reason if suspicion else None,
+                    "session_id": None,
+                    "connected": True,
+                    "suspected": False,
+                    "incarnation": None,
+                    "suspected_for_s": None,
+                    "witnessed": False,
+                    "reason": None,
                     "last_seen_s_ago": round(now - seen, 3) if seen is not None else None,
                 }
             )
         return out
+
+    def stats(self) -> dict[str, Any]:
+        """SWIM counters."""
+        return {
+            **self.counters,
+            "incarnation": self.swim.incarnation,
+            "members": len(self.swim.members),
+            "suspected": len(self.swim.suspected()),
+            "pending_news": self.swim.pending_news(),
+            "local_health": self.health.score,
+            "loop_lag_s": round(self.loop_lag.worst_since(self.loop_lag.clock() - self.loop_lag.window), 3),
+        }
+
+
+def _answer(reply: dict[str, Any] | None) -> int | None:
+    if reply is None:
+        return None
+    if "x" in reply:
+        return NOT_THAT_SESSION
+    inc = reply.get("a")
+    if isinstance(inc, int) and not isinstance(inc, bool) and inc >= 0:
+        return inc
+    return None

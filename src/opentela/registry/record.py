@@ -18,6 +18,7 @@ _DOMAIN = b"otela-record-v1\x00"
 MAX_TEXT = 512
 MAX_LIST = 64
 MAX_HARDWARE_BYTES = 16 * 1024
+MAX_MEMBERSHIP_BYTES = 1024
 
 
 def _freeze(value: Any) -> Any:
@@ -67,10 +68,13 @@ class NodeRecord:
     hardware: Mapping[str, Any] = field(default_factory=dict)
     models: tuple[ModelEntry, ...] = ()
     started_at: float = 0.0
-    updated_at: float = 0.0
+    updated_at: float = field(default_factory=time.time)
+    """When the signer wrote this version (its wall clock); replicas refuse records older than the compaction
+    window, so this is set on every write."""
     signer: PeerId = ""
     reason: str = ""
     signature: bytes = b""
+    membership: bytes = b""  # the owner's membership proof in a closed network (fabric/tokens.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lifecycle", Lifecycle(self.lifecycle))
@@ -115,6 +119,8 @@ class NodeRecord:
             "signer": self.signer,
             "reason": self.reason,
             "signature": self.signature,
+            # Only in closed networks, so open-network records keep their size and signed bytes.
+            **({"membership": self.membership} if self.membership else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -122,6 +128,8 @@ class NodeRecord:
         out = self.to_wire()
         out["lifecycle"] = self.lifecycle.name
         out["signature"] = self.signature.hex()
+        if self.membership:
+            out["membership"] = self.membership.hex()
         return out
 
     def signing_payload(self) -> bytes:
@@ -219,6 +227,9 @@ def _validated(obj: dict[str, Any]) -> NodeRecord:
     signature = obj["signature"]
     if not isinstance(signature, bytes) or len(signature) != 64:
         raise ValueError("record signature must be 64 bytes")
+    membership = obj.get("membership", b"")
+    if not isinstance(membership, bytes) or len(membership) > MAX_MEMBERSHIP_BYTES:
+        raise ValueError(f"record membership must be at most {MAX_MEMBERSHIP_BYTES} bytes")
     return NodeRecord(
         session_id=_text(obj, "session_id", empty_ok=False),
         peer_id=_text(obj, "peer_id", peer=True),
@@ -235,4 +246,5 @@ def _validated(obj: dict[str, Any]) -> NodeRecord:
         signer=_text(obj, "signer", peer=True),
         reason=_text(obj, "reason"),
         signature=signature,
+        membership=membership,
     )

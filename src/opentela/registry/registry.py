@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from opentela._types import SessionId
+from opentela._types import Lifecycle, PeerId, SessionId
+from opentela.errors import AdmissionError
+from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity
 from opentela.registry._config import RegistryConfig
 from opentela.registry.crdt import Digest, GMap
@@ -19,22 +23,39 @@ logger = logging.getLogger(__name__)
 ChangeListener = Callable[[NodeRecord, bool], None]
 """Called with (record, is_local) after a record changed the replica."""
 
+EvictionListener = Callable[[NodeRecord, NodeRecord], None]
+"""Called with (our record before, the eviction) when another member evicted our session."""
+
 
 class Registry:
     """A full local replica of the mesh's registry; every read is local."""
 
     def __init__(
-        self, identity: Identity, local: NodeRecord, *, config: RegistryConfig | None = None
+        self,
+        identity: Identity,
+        local: NodeRecord,
+        *,
+        config: RegistryConfig | None = None,
+        admission: Admission | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if local.peer_id != identity.peer_id:
             raise ValueError("the local record must belong to this identity")
         self.identity = identity
         self.config = config or RegistryConfig()
+        self.admission = admission or Admission.open()
+        self.clock = clock
         self.map = GMap()
         self.views = RegistryViews()
         self._listeners: list[ChangeListener] = []
+        self._eviction_listeners: list[EvictionListener] = []
+        self._members: Counter[PeerId] = Counter()  # peer id -> records it owns here
+        self.last_own: NodeRecord | None = None
+        """The latest record we signed for our current session (an eviction may have replaced it in the map)."""
         self.counters: Counter[str] = Counter()
         self.session_id = local.session_id
+        if local.membership != self.admission.proof:
+            local = dataclasses.replace(local, membership=self.admission.proof)  # re-signed just below
         self._apply(local if local.verify() else local.signed(identity), local=True)
 
     def __repr__(self) -> str:
@@ -58,24 +79,80 @@ class Registry:
         old = self.map.get(record.session_id)
         if not self.map.apply(record):
             return False
+        if old is None:
+            self._members[record.peer_id] += 1
+        if record.session_id == self.session_id and record.signer == self.identity.peer_id:
+            self.last_own = record
         self.views.update(old, record)
         for listener in self._listeners:
             listener(record, local)
         return True
 
+    def on_evicted(self, listener: EvictionListener) -> None:
+        """Register a listener for the eviction of our own session by another member."""
+        self._eviction_listeners.append(listener)
+
     def update_local(self, **changes: Any) -> NodeRecord:
         """Write a new version of our own record (bumped, re-signed) and announce it."""
+        changes.setdefault("updated_at", self.clock())
         record = self.local.next(self.identity, **changes)
         self._apply(record, local=True)
         self.counters["local_updates"] += 1
         return record
 
+    def start_session(self, record: NodeRecord) -> NodeRecord:
+        """Carry on under a new session (after our old one was evicted): `record` becomes the local record."""
+        if record.peer_id != self.identity.peer_id or record.session_id in self.map:
+            raise ValueError("a new session needs a fresh session id of this identity")
+        record = (
+            record if record.verify() and record.signer == record.peer_id else record.signed(self.identity)
+        )
+        self.session_id = record.session_id
+        self._apply(record, local=True)
+        self.counters["sessions_restarted"] += 1
+        return record
+
+    def evict(self, session_id: SessionId, reason: str) -> NodeRecord | None:
+        """Write LEFT for another node's live session, signed by us with `reason`; None when it is not live."""
+        current = self.map.get(session_id)
+        if current is None or current.lifecycle > Lifecycle.SERVING or session_id == self.session_id:
+            return None
+        eviction = dataclasses.replace(
+            current,
+            lifecycle=Lifecycle.LEFT,
+            version=current.version + 1,
+            reason=reason,
+            updated_at=self.clock(),
+        ).signed(self.identity)
+        self._apply(eviction, local=True)
+        self.counters["evictions_written"] += 1
+        logger.info(
+            "evicted a session",
+            extra={"session": session_id[:12], "peer_id": current.peer_id, "reason": reason},
+        )
+        return eviction
+
+    def is_member(self, peer_id: PeerId) -> bool:
+        """Whether `peer_id` has (or had, within retention) a session in the registry: who may evict."""
+        return peer_id == self.identity.peer_id or peer_id in self._members
+
     def apply_remote(self, records: Iterable[NodeRecord]) -> list[NodeRecord]:
-        """Verify and merge records from a peer; returns those that changed the replica."""
+        """Verify and merge records from a peer; returns those that changed the replica.
+
+        Evictions are applied after the owners' own records of the same batch, so an evictor that joins and
+        evicts within one anti-entropy delta is already a member when its eviction is checked.
+        """
         changed = []
-        for record in records:
+        now = self.clock()
+        ordered = sorted(records, key=lambda r: r.signer != r.peer_id)
+        for record in ordered:
             if record.session_id == self.session_id and record.signer == self.identity.peer_id:
                 # Our own record echoed back: we are its only writer, nothing to learn.
+                continue
+            if now - record.updated_at > self.config.tombstone_retention:
+                # Older than any record may live: it was compacted here or will be; taking it back would
+                # resurrect a dead session from a replica that slept through its eviction.
+                self.counters["rejected_expired"] += 1
                 continue
             if not record.verify():
                 self.counters["rejected_bad_signature"] += 1
@@ -88,12 +165,51 @@ class Registry:
                     },
                 )
                 continue
+            refusal = self._not_member(record)
+            if refusal is not None:
+                self.counters["rejected_not_member"] += 1
+                logger.warning(
+                    "dropped a record from a non-member: %s",
+                    refusal,
+                    extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
+                )
+                continue
+            if record.signer != record.peer_id and not self.is_member(record.signer):
+                self.counters["rejected_not_member"] += 1
+                logger.warning(
+                    "dropped an eviction signed by a non-member",
+                    extra={"session": record.session_id[:12], "signer": record.signer},
+                )
+                continue
+            before = self.local if record.session_id == self.session_id else None
             if self._apply(record, local=False):
                 changed.append(record)
+                if before is not None and self.map.get(self.session_id) is record:
+                    self.counters["evicted"] += 1
+                    logger.warning(
+                        "our session was evicted by another member",
+                        extra={
+                            "session": self.session_id[:12],
+                            "signer": record.signer,
+                            "reason": record.reason,
+                        },
+                    )
+                    for listener in self._eviction_listeners:
+                        listener(before, record)
                 self.counters["applied"] += 1
             else:
                 self.counters["stale"] += 1
         return changed
+
+    def _not_member(self, record: NodeRecord) -> str | None:
+        """Why a closed network keeps `record` out of the replica (None: it may enter)."""
+        if not self.admission.is_closed:
+            return None
+        try:
+            self.admission.check(record.membership, record.peer_id, provider_id=record.provider_id)
+        except AdmissionError as exc:
+            return exc.message
+        return None
 
     def apply_wire(self, objs: Iterable[Any]) -> list[NodeRecord]:
         """Parse untrusted wire records, dropping malformed ones, then `apply_remote`."""
@@ -131,11 +247,45 @@ class Registry:
         """(rank, version) per key, for anti-entropy."""
         return self.map.digest()
 
+    def visible(self, record: NodeRecord, now: float | None = None) -> bool:
+        """Whether `record` belongs in the node view: DOWN and LEFT records leave it after `left_retention`."""
+        if record.lifecycle < Lifecycle.DOWN:
+            return True
+        return (self.clock() if now is None else now) - record.updated_at <= self.config.left_retention
+
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every record as JSON, for the read-only table endpoint."""
-        return [r.to_json() for r in self.map.values()]
+        """Every visible record as JSON, for the read-only table endpoint."""
+        now = self.clock()
+        return [r.to_json() for r in self.map.values() if self.visible(r, now)]
+
+    def collect_garbage(self) -> dict[str, int]:
+        """Hide dead records past `left_retention`; compact every record not written for `tombstone_retention`.
+
+        A compacted record cannot come back: `apply_remote` refuses records that old, and live owners re-sign
+        theirs every `refresh_interval`, so only dead sessions ever get that old.
+        """
+        now = self.clock()
+        expired = [
+            sid
+            for sid, r in self.map.items()
+            if sid != self.session_id and now - r.updated_at > self.config.tombstone_retention
+        ]
+        for sid in expired:
+            removed = self.map.remove(sid)
+            if removed is not None:
+                self.views.update(removed, None)
+                self._members[removed.peer_id] -= 1
+                if self._members[removed.peer_id] <= 0:
+                    del self._members[removed.peer_id]
+        self.counters["compacted"] += len(expired)
+        # Models announced only by records that left the node view are forgotten (404 again, not 503).
+        visible = [r for r in self.map.values() if self.visible(r, now)]
+        self.views.forget_models_except({m for r in visible for m in r.model_ids})
+        hidden = len(self.map) - len(visible)
+        return {"compacted": len(expired), "hidden": hidden, "records": len(self.map)}
 
     def stats(self) -> dict[str, Any]:
         """Counters and sizes."""
         by_state = Counter(r.lifecycle.name for r in self.map.values())
-        return {"records": len(self.map), "by_state": dict(by_state), **self.counters}
+        hidden = sum(1 for r in self.map.values() if not self.visible(r))
+        return {"records": len(self.map), "hidden": hidden, "by_state": dict(by_state), **self.counters}

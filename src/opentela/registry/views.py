@@ -18,13 +18,15 @@ class RegistryViews:
     def __repr__(self) -> str:
         return f"<RegistryViews models={len(self._serving)} known={len(self._known_models)}>"
 
-    def update(self, old: NodeRecord | None, new: NodeRecord) -> None:
-        """Account for `new` replacing `old` under the same key."""
+    def update(self, old: NodeRecord | None, new: NodeRecord | None) -> None:
+        """Account for `new` replacing `old` under the same key (`new` None: the key was compacted away)."""
         if old is not None and old.lifecycle is Lifecycle.SERVING:
             for model in old.model_ids:
                 replicas = self._serving.get(model)
                 if replicas is not None and replicas.pop(old.session_id, None) is not None:
                     self._touch(model)
+        if new is None:
+            return
         self._known_models.update(new.model_ids)
         if new.lifecycle is Lifecycle.SERVING:
             for model in new.model_ids:
@@ -38,6 +40,10 @@ class RegistryViews:
         else:
             self._serving.pop(model, None)
             self._lists.pop(model, None)
+
+    def forget_models_except(self, models: set[str]) -> None:
+        """Keep only `models` (and those served now) as known: the garbage collector's trim."""
+        self._known_models = (self._known_models & models) | set(self._serving)
 
     def candidates(self, model: str) -> list[NodeRecord]:
         """SERVING records of `model` (a cached list; do not mutate)."""

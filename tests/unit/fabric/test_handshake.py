@@ -69,7 +69,7 @@ def good_hello(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
 
 def wrong_fingerprint(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
     sig = identity.sign(hs.DOMAIN + hashlib.sha256(b"some other certificate").digest() + nonce)
-    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION, identity.public_bytes, sig)
+    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION, identity.public_bytes, sig, hs.ACCEPTED, 0, 0)
 
 
 def wrong_nonce(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
@@ -85,12 +85,12 @@ def relayed_proof(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
 def someone_elses_key(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
     victim = Identity.generate()
     sig = identity.sign(hs.proof_payload(cert, nonce))
-    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION, victim.public_bytes, sig)
+    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION, victim.public_bytes, sig, hs.ACCEPTED, 0, 0)
 
 
 def future_version(identity: Identity, cert: bytes, nonce: bytes) -> bytes:
     sig = identity.sign(hs.proof_payload(cert, nonce))
-    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION + 1, identity.public_bytes, sig)
+    return hs.CLIENT_HELLO.pack(hs.MAGIC, hs.VERSION + 1, identity.public_bytes, sig, hs.ACCEPTED, 0, 0)
 
 
 async def raw_handshake(server: Host, make_hello: MakeHello) -> tuple[int, str]:
@@ -101,7 +101,8 @@ async def raw_handshake(server: Host, make_hello: MakeHello) -> tuple[int, str]:
     reader, writer = await asyncio.open_connection(host, port, ssl=tls.client_context, server_hostname="")
     try:
         cert = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
-        nonce = hs.decode_server_hello(await reader.readexactly(hs.SERVER_HELLO.size))
+        nonce, proof_len = hs.decode_server_hello(await reader.readexactly(hs.SERVER_HELLO.size))
+        await reader.readexactly(proof_len)
         writer.write(make_hello(identity, cert, nonce))
         status, length = hs.VERDICT.unpack(await reader.readexactly(hs.VERDICT.size))
         reason = (await reader.readexactly(length)).decode()

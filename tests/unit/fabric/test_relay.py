@@ -82,5 +82,7 @@ async def test_dial_back_tells_which_addresses_accept_connections(trio: tuple[Ho
     relay, _, dialer = trio
     await dialer.connect(relay.listen_addrs[0])
     closed = "127.0.0.1:9"
-    reachable = await dialer.check_reachable(relay.peer_id, [dialer.listen_addrs[0], closed, "not-an-address"])
+    reachable = await dialer.check_reachable(
+        relay.peer_id, [dialer.listen_addrs[0], closed, "not-an-address"]
+    )
     assert reachable == [dialer.listen_addrs[0]]

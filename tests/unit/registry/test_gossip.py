@@ -2,72 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
 
 import pytest
+from registry_helpers import converged, swarm, until
 
 from opentela._types import PROTO_GOSSIP, Lifecycle
-from opentela.fabric.host import Host
-from opentela.fabric.identity import Identity
 from opentela.fabric.messages import write_msg
 from opentela.registry._config import RegistryConfig
-from opentela.registry.gossip import Gossip
-from opentela.registry.membership import Membership
-from opentela.registry.record import ModelEntry, NodeRecord
-from opentela.registry.registry import Registry
-
-
-class Node:
-    def __init__(self, host: Host, registry: Registry, membership: Membership, gossip: Gossip) -> None:
-        self.host, self.registry, self.membership, self.gossip = host, registry, membership, gossip
-
-    @classmethod
-    async def create(cls, config: RegistryConfig) -> Node:
-        identity = Identity.generate()
-        host = await Host.create(identity, "127.0.0.1:0")
-        record = NodeRecord(
-            session_id=identity.peer_id[-12:],
-            peer_id=identity.peer_id,
-            provider_id="p",
-            lifecycle=Lifecycle.JOIN,
-            version=1,
-            addrs=tuple(host.listen_addrs),
-        ).signed(identity)
-        registry = Registry(identity, record, config=config)
-        membership = Membership(host, registry, config=config)
-        gossip = Gossip(host, registry, membership, config=config)
-        await membership.start()
-        await gossip.start()
-        return cls(host, registry, membership, gossip)
-
-    async def aclose(self) -> None:
-        await self.gossip.aclose()
-        await self.membership.aclose()
-        await self.host.aclose()
-
-
-@contextlib.asynccontextmanager
-async def swarm(n: int, config: RegistryConfig) -> AsyncIterator[list[Node]]:
-    nodes = [await Node.create(config) for _ in range(n)]
-    try:
-        for node in nodes[1:]:
-            await node.host.connect(nodes[0].host.listen_addrs[0])
-        yield nodes
-    finally:
-        await asyncio.gather(*(node.aclose() for node in nodes))
-
-
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not pred():  # noqa: ASYNC110 (polling a plain predicate)
-            await asyncio.sleep(0.01)
-
-
-def converged(nodes: list[Node]) -> bool:
-    digests = [n.registry.digest() for n in nodes]
-    return all(d == digests[0] for d in digests) and len(digests[0]) == len(nodes)
+from opentela.registry.record import ModelEntry
 
 
 async def test_new_nodes_learn_the_whole_registry_on_connect() -> None:

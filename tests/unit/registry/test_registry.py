@@ -8,6 +8,7 @@ import pytest
 
 from opentela._types import Lifecycle
 from opentela.fabric.identity import Identity
+from opentela.registry._config import RegistryConfig
 from opentela.registry.record import ModelEntry, NodeRecord
 from opentela.registry.registry import Registry
 
@@ -74,9 +75,118 @@ def test_eviction_signed_by_another_member_is_accepted(registry: Registry) -> No
     owner, evictor = Identity.generate(), Identity.generate()
     serving = record_for(owner, lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
     left = dataclasses.replace(serving, lifecycle=Lifecycle.LEFT, reason="evicted: no answer").signed(evictor)
-    registry.apply_remote([serving, left])
+    # The evictor's own record arrives in the same batch, after the eviction: it is still a member in time.
+    registry.apply_remote([serving, left, record_for(evictor, "evictor-session")])
     assert registry.get(serving.session_id).lifecycle is Lifecycle.LEFT
     assert registry.candidates("m") == []
+
+
+def test_eviction_by_a_non_member_never_reaches_the_views(registry: Registry) -> None:
+    owner, outsider = Identity.generate(), Identity.generate()
+    serving = record_for(owner, lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
+    registry.apply_remote([serving])
+    left = dataclasses.replace(serving, lifecycle=Lifecycle.LEFT, version=2, reason="evicted").signed(
+        outsider
+    )
+    assert registry.apply_remote([left]) == []
+    assert registry.get(serving.session_id) == serving and registry.candidates("m") == [serving]
+    assert registry.stats()["rejected_not_member"] == 1
+
+
+def test_unsigned_eviction_is_dropped(registry: Registry) -> None:
+    owner, evictor = Identity.generate(), Identity.generate()
+    serving = record_for(owner, lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
+    registry.apply_remote([serving, record_for(evictor, "evictor-session")])
+    unsigned = dataclasses.replace(
+        serving,
+        lifecycle=Lifecycle.LEFT,
+        version=2,
+        reason="evicted",
+        signer=evictor.peer_id,
+        signature=bytes(64),
+    )
+    assert registry.apply_remote([unsigned]) == []
+    assert registry.candidates("m") == [serving]
+
+
+def test_evict_writes_left_signed_by_us_and_concurrent_evictions_agree(me: Identity) -> None:
+    owner, other = Identity.generate(), Identity.generate()
+    serving = record_for(owner, lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
+    ours, theirs = Registry(me, record_for(me, "mine")), Registry(other, record_for(other, "theirs"))
+    for reg in (ours, theirs):
+        reg.apply_remote([serving, ours.local, theirs.local])
+    a, b = ours.evict(serving.session_id, "no answer"), theirs.evict(serving.session_id, "no answer")
+    assert a is not None and b is not None and a.signer == me.peer_id and a.reason == "no answer"
+    assert a.rank == b.rank == (int(Lifecycle.LEFT), serving.version + 1)
+    ours.apply_remote([b])
+    theirs.apply_remote([a])
+    assert ours.get(serving.session_id) == theirs.get(serving.session_id), "one deterministic winner"
+    assert ours.evict(serving.session_id, "again") is None, "only live sessions are evicted"
+    assert ours.evict("mine", "self") is None
+
+
+def test_eviction_of_our_own_session_is_reported(registry: Registry, me: Identity) -> None:
+    evictor = Identity.generate()
+    registry.apply_remote([record_for(evictor, "evictor-session")])
+    serving = registry.update_local(lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
+    seen = []
+    registry.on_evicted(lambda before, eviction: seen.append((before, eviction)))
+    eviction = dataclasses.replace(serving, lifecycle=Lifecycle.LEFT, version=3, reason="silent").signed(
+        evictor
+    )
+    registry.apply_remote([eviction])
+    assert seen == [(serving, eviction)] and registry.local == eviction
+    fresh = dataclasses.replace(serving, session_id="local-2", version=1).signed(me)
+    registry.start_session(fresh)
+    assert registry.local == fresh and registry.candidates("m") == [fresh]
+    assert registry.get("local").lifecycle is Lifecycle.LEFT
+
+
+class Clock:
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_dead_records_leave_the_view_then_are_compacted_and_never_come_back(me: Identity) -> None:
+    clock = Clock()
+    config = RegistryConfig(left_retention=100, tombstone_retention=1000, refresh_interval=10)
+    registry = Registry(me, record_for(me, "local", updated_at=clock.now), config=config, clock=clock)
+    owner = Identity.generate()
+    serving = record_for(
+        owner, "gone", lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),), updated_at=clock.now
+    )
+    live = record_for(Identity.generate(), "live", lifecycle=Lifecycle.SERVING, updated_at=clock.now)
+    left = serving.next(owner, lifecycle=Lifecycle.LEFT, reason="shutdown", updated_at=clock.now)
+    registry.apply_remote([serving, live, left])
+    assert {r["session_id"] for r in registry.snapshot()} == {"local", "gone", "live"}
+    assert "m" in registry.known_models()
+
+    clock.now += 101
+    assert registry.collect_garbage() == {"compacted": 0, "hidden": 1, "records": 3}
+    assert {r["session_id"] for r in registry.snapshot()} == {"local", "live"}
+    assert "gone" in registry.digest(), "a hidden tombstone still replicates"
+    assert "m" not in registry.known_models(), "an old model is unknown again (404, not 503)"
+
+    clock.now += 900
+    live_refreshed = registry.get("live")
+    assert registry.collect_garbage()["compacted"] == 2, "the silent live record expires as well"
+    assert registry.get("gone") is None and registry.get("live") is None and registry.local is not None
+    # An old replica re-gossips what it still holds: the SERVING record that never heard of the LEFT.
+    assert registry.apply_remote([serving, left, live_refreshed]) == []
+    assert registry.stats()["rejected_expired"] == 3
+    assert registry.candidates("m") == []
+
+
+def test_refusal_of_old_records_spares_fresh_ones(me: Identity) -> None:
+    clock = Clock()
+    config = RegistryConfig(left_retention=100, tombstone_retention=1000, refresh_interval=10)
+    registry = Registry(me, record_for(me, "local"), config=config, clock=clock)
+    other = Identity.generate()
+    assert registry.apply_remote([record_for(other, "a", updated_at=clock.now - 999)])
+    assert not registry.apply_remote([record_for(other, "b", updated_at=clock.now - 1001)])
 
 
 def test_malformed_wire_records_are_counted_and_dropped(registry: Registry) -> None:

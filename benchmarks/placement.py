@@ -1,0 +1,288 @@
+"""The paper's placement experiment in simulation: 24 A100 + 32 GH200, Llama-2-13b / CodeLlama-34b /
+Llama-3.3-70B at 110 / 185.5 / 221 req/s.
+
+Places the models with the CP-SAT policy and with the memP baseline, also scores the two allocations printed
+in the paper's Table 1 (their DP x TP split is not given: we use the smallest TP that fits, traffic split by
+replica throughput), then simulates the whole cluster under each plan at 25-100% of the paper's load. Prints
+JSON and writes docs/benchmarks/placement.{json,md,png}.
+
+    python benchmarks/placement.py [--duration 60] [--time-limit 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from opentela.scheduler.placement import (
+    Cluster,
+    Plan,
+    Problem,
+    check_plan,
+    get_policy,
+    shares_by_capacity,
+    simulate_plan,
+)
+from opentela.scheduler.tables import SimSettings, TableBuilder
+from opentela.scheduler.workload import load_workloads
+
+ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent / "placement"
+LOADS = (0.25, 0.5, 0.75, 1.0)
+
+PAPER_TABLE_1 = {
+    "paper-ours": {
+        "Llama-2-13b": {"A100-80G": 6},
+        "CodeLlama-34b": {"GH200": 16, "A100-80G": 10},
+        "Llama-3.3-70B-Instruct": {"GH200": 16, "A100-80G": 8},
+    },
+    "paper-memp": {
+        "Llama-2-13b": {"A100-80G": 4},
+        "CodeLlama-34b": {"A100-80G": 16},
+        "Llama-3.3-70B-Instruct": {"GH200": 32, "A100-80G": 4},
+    },
+}
+
+
+def paper_plan(problem: Problem, name: str) -> Plan:
+    """A Table 1 allocation as a plan: the smallest TP that fits each (model, type), DP = count / TP."""
+    groups = []
+    for model, row in PAPER_TABLE_1[name].items():
+        i = problem.index_of(model)
+        for device, count in row.items():
+            tp = min(tp for n, tp in problem.options(i) if n == device and count % tp == 0)
+            groups.append((model, device, tp, count // tp))
+    plan = Plan(name, shares_by_capacity(problem, groups), status="from the paper")
+    plan.predicted_e2e = problem.objective(plan)
+    return plan
+
+
+def run(duration: float, time_limit: float) -> dict:
+    """Solve, score and simulate every plan."""
+    load_before = os.getloadavg()
+    cluster = Cluster.load(HERE / "cluster.yaml")
+    workloads = load_workloads(HERE / "workload.yaml")
+    builder = TableBuilder(settings=SimSettings(horizon_s=20.0))
+    problem = Problem(cluster, workloads, builder, shares=20, time_limit_s=time_limit)
+    started = time.perf_counter()
+    ours = get_policy("cpsat").place(problem)
+    solve_s = time.perf_counter() - started
+    memp = get_policy("memp").place(problem)
+    plans = [ours, memp, paper_plan(problem, "paper-ours"), paper_plan(problem, "paper-memp")]
+    out_plans = []
+    for plan in plans:
+        violations = check_plan(problem, plan)
+        entry = plan.as_dict()
+        entry["constraint_violations"] = violations
+        entry["by_load"] = {}
+        for load in LOADS:
+            scaled = Problem(
+                cluster,
+                [replace(w, rate=w.rate * load) for w in workloads],
+                builder,
+                problem.shares,
+                time_limit,
+            )
+            entry["by_load"][str(load)] = simulate_plan(scaled, plan, duration=duration, seed=7)
+        out_plans.append(entry)
+        full = entry["by_load"]["1.0"]["overall"]
+        print(
+            f"{plan.policy:11s} {plan.allocation()} mean E2E {full['e2e_mean']:.2f} s, "
+            f"{full['window_tps']:.0f} of {full['offered_tps']:.0f} tok/s",
+            flush=True,
+        )
+    return {
+        "cluster": dict(cluster.devices),
+        "workload": [
+            {"model": w.model, "rate": w.rate, "input": w.input.__dict__, "output": w.output.__dict__}
+            for w in workloads
+        ],
+        "solver_seconds_including_tables": round(solve_s, 2),
+        "solver_status": ours.status,
+        "solver_variables": ours.extra.get("variables"),
+        "simulator_evaluations": builder.evaluations,
+        "simulator_evaluations_per_minute": round(builder.evaluations_per_minute),
+        "simulated_seconds_of_traffic": duration,
+        "plans": out_plans,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def _alloc(plan: dict) -> str:
+    return "; ".join(
+        f"{model.split('-Instruct')[0]}: " + " + ".join(f"{n} x {d}" for d, n in row.items())
+        for model, row in plan["allocation"].items()
+    )
+
+
+def markdown(doc: dict) -> str:
+    """docs/benchmarks/placement.md: setup, the results tables, the plot, and how to read them."""
+    head = [
+        "# Placement: the paper's experiment in simulation",
+        "",
+        "Generated by `python benchmarks/placement.py`; raw numbers in `placement.json`.",
+        "",
+        "Setup (paper section 5, Table 1 and Figure 7): 24 A100 and 32 GH200 GPUs; Llama-2-13b, CodeLlama-34b and",
+        "Llama-3.3-70B-Instruct with Poisson arrivals at 110, 185.5 and 221 requests/s. The paper gives mean input",
+        "lengths of about 600 to 1170 tokens and mean outputs of 64 to 530 without saying which model has which;",
+        "we use (input, output) means of "
+        + ", ".join(
+            f"{w['model']} ({w['input']['mean']:.0f}, {w['output']['mean']:.0f})" for w in doc["workload"]
+        )
+        + ", normal with a standard deviation of a quarter of the mean (`benchmarks/placement/workload.yaml`). The",
+        "A100s are the 80 GB part and the GH200s the 96 GB HBM3 part of CSCS Alps; weights and KV cache in fp16;",
+        "vLLM-like batching (256 sequences, 8192 batched tokens, 90% of memory).",
+        "",
+        f"The CP-SAT solve, latency tables included, took **{doc['solver_seconds_including_tables']} s** "
+        f"({doc['solver_status']}, {doc['solver_variables']} booleans, {doc['simulator_evaluations']} simulator "
+        f"evaluations at {doc['simulator_evaluations_per_minute']:,} per minute) on this {doc['cpus']}-core shared "
+        f"machine (load average {doc['loadavg_before'][0]:.1f} at the start), within the 60 s budget.",
+        "",
+        "Plans: `cpsat` is ours, `memp` the memory-proportional baseline, and `paper-ours` / `paper-memp` the two",
+        "allocations printed in the paper's Table 1 (the paper does not give their DP x TP split: we take the",
+        "smallest TP that fits and split traffic by replica throughput). Each plan is simulated as a whole cluster",
+        f"on the same trace: {doc['simulated_seconds_of_traffic']:.0f} s of arrivals, run until every request",
+        "finishes.",
+        "Throughput is the output tokens per second produced while requests keep arriving, after a third of",
+        "the arrival period as warm-up (each request's tokens spread over its decode time), next to what the",
+        "arrivals ask for; the latencies cover every request, run to completion.",
+        "",
+        "## At the paper's load",
+        "",
+    ]
+    lines = [
+        "| plan | allocation | DP x TP groups | predicted mean E2E | simulated mean E2E | p99 E2E | mean TTFT "
+        "| mean TPOT | output tok/s served / offered |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in doc["plans"]:
+        s = p["by_load"]["1.0"]["overall"]
+        groups = ", ".join(f"{g['dp']}x{g['tp']} {g['device']}" for g in p["groups"])
+        lines.append(
+            f"| {p['policy']} | {_alloc(p)} | {groups} | {p['predicted_mean_e2e_s']:.1f} s | {s['e2e_mean']:.1f} s "
+            f"| {s['e2e_p99']:.1f} s | {s['ttft_mean']:.1f} s | {1000 * s['tpot_mean']:.0f} ms "
+            f"| {s['window_tps']:,.0f} / {s['offered_tps']:,.0f} |"
+        )
+    lines += [
+        "",
+        "Per model at the paper's load, output tokens/s served / offered and mean TTFT:",
+        "",
+        "| plan | " + " | ".join(w["model"] for w in doc["workload"]) + " |",
+        "|---|" + "---:|" * len(doc["workload"]),
+    ]
+    for p in doc["plans"]:
+        per = p["by_load"]["1.0"]["per_model"]
+        cells = [
+            f"{per[w['model']]['window_tps']:,.0f} / {per[w['model']]['offered_tps']:,.0f}, "
+            f"{per[w['model']]['ttft_mean']:.1f} s"
+            for w in doc["workload"]
+        ]
+        lines.append(f"| {p['policy']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Across load",
+        "",
+        "Mean E2E and output tokens/s at a fraction of the paper's rates (the plans stay those chosen for full load):",
+        "",
+        "| load (x paper rates) | " + " | ".join(p["policy"] for p in doc["plans"]) + " |",
+    ]
+    lines.append("|---:|" + "---:|" * len(doc["plans"]))
+    for load in LOADS:
+        cells = []
+        for p in doc["plans"]:
+            s = p["by_load"][str(load)]["overall"]
+            cells.append(f"{s['e2e_mean']:.1f} s / {s['window_tps'] / 1000:.1f}k tok/s")
+        lines.append(f"| {load:.2f} | " + " | ".join(cells) + " |")
+    ours, memp = doc["plans"][0]["by_load"]["1.0"]["overall"], doc["plans"][1]["by_load"]["1.0"]["overall"]
+    lines += [
+        "",
+        "![throughput and latency against load](placement.png)",
+        "",
+        "## Reading it",
+        "",
+        f"- At full load our plan serves {ours['window_tps'] / memp['window_tps']:.1f}x memP's output "
+        f"tokens per second with {memp['e2e_mean'] / ours['e2e_mean']:.1f}x lower mean latency. As in the paper, memP "
+        "gives the 70B model most of the cluster (all GH200s) and starves CodeLlama-34b, which ends up on single "
+        "A100s with little KV-cache room (at a quarter of the load memP preempts "
+        f"{doc['plans'][1]['by_load']['0.25']['overall']['preemptions']:.0f} sequences, our plan "
+        f"{doc['plans'][0]['by_load']['0.25']['overall']['preemptions']:.0f}); our plan moves the 34B model to "
+        "GH200s and spreads the 70B model over both types.",
+        "- The paper's own allocation for its policy (`paper-ours`) also beats memP by a wide margin under our "
+        "simulator; our solver's plan differs from it (the simulators, length assignment and TP choices differ) "
+        "and scores better on this simulator, which is what it optimises.",
+        "- "
+        + "; ".join(f"`{p['policy']}` keeps up {_keeps_up(p)}" for p in doc["plans"])
+        + ". Keeping up means serving at least 95% of the offered output tokens. At the paper's full rates the "
+        "prefill of the 70B model alone asks for about 27 PFLOP/s, 70% of the cluster's dense fp16 peak; no "
+        "plan keeps up there, and its latencies are queueing delay that grows with the simulated duration, "
+        "while the served throughput is what the plan sustains.",
+        "- `predicted mean E2E` is the solver's objective from per-replica latency tables (20 s of arrivals per "
+        "table entry); `simulated` runs every replica together on a longer trace. They agree where a plan keeps "
+        "up; under overload the longer trace queues longer.",
+        "",
+    ]
+    return "\n".join(head + lines)
+
+
+def _keeps_up(plan: dict) -> str:
+    fine = [x for x in LOADS if _served(plan, x) >= 0.95]
+    if not fine:
+        return f"at none of the loads (at {LOADS[0]:.2f}: {_served(plan, LOADS[0]):.0%} served)"
+    return f"up to {max(fine):.2f}x the paper's rates (at 1.00: {_served(plan, 1.0):.0%} served)"
+
+
+def _served(plan: dict, load: float) -> float:
+    s = plan["by_load"][str(load)]["overall"]
+    return s["window_tps"] / s["offered_tps"]
+
+
+def plot(doc: dict, path: Path) -> None:
+    """Throughput and mean latency against load, one line per plan."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for p in doc["plans"]:
+        ys = [p["by_load"][str(x)]["overall"] for x in LOADS]
+        style = "-o" if not p["policy"].startswith("paper") else "--x"
+        ax1.plot(LOADS, [y["window_tps"] / 1000 for y in ys], style, label=p["policy"])
+        ax2.plot(LOADS, [y["e2e_mean"] for y in ys], style, label=p["policy"])
+    offered = [doc["plans"][0]["by_load"][str(x)]["overall"]["offered_tps"] / 1000 for x in LOADS]
+    ax1.plot(LOADS, offered, ":", color="grey", label="offered")
+    ax1.set(xlabel="load (fraction of 110 / 185.5 / 221 req/s)", ylabel="output tokens/s served (thousands)")
+    ax2.set(xlabel="load (fraction of 110 / 185.5 / 221 req/s)", ylabel="mean end-to-end latency (s)")
+    ax2.set_yscale("log")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+    ax1.legend()
+    fig.suptitle("Simulated: 24 A100-80G + 32 GH200, Llama-2-13b / CodeLlama-34b / Llama-3.3-70B")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of simulated traffic per point")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="solver time limit (s)")
+    args = parser.parse_args()
+    doc = run(args.duration, args.time_limit)
+    out = ROOT / "docs" / "benchmarks"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "placement.json").write_text(json.dumps(doc, indent=2) + "\n")
+    (out / "placement.md").write_text(markdown(doc))
+    plot(doc, out / "placement.png")
+    print(json.dumps({k: v for k, v in doc.items() if k != "plans"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

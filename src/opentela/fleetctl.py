@@ -1,0 +1,302 @@
+"""`otela controller`: a node of role ``controller`` that assigns catalog models to idle workers.
+
+It joins the mesh like any node (through the ingress's bootstrap address unless told otherwise), reads the
+fleet from its own registry replica, observes request rates at the ingress's /metrics, and sends ``assign``
+messages over /otela/control/1. Nodes accept them only from the peer ids they list in ``controllers``, so
+the controller keeps its identity in a key file of its own and prints its peer id at start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from opentela._types import PROTO_CONTROL, Lifecycle
+from opentela.config import OtelaConfig, config_home, load_config
+from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
+from opentela.fabric.identity import Identity
+from opentela.fabric.messages import read_msg, write_msg
+from opentela.node.agent import NodeAgent
+from opentela.registry.record import NodeRecord
+from opentela.scheduler.controller import FleetController
+from opentela.scheduler.fleet import Assignment
+from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
+
+logger = logging.getLogger(__name__)
+
+ANSWER_TIMEOUT_S = 30.0
+SYNC_TIMEOUT_S = 30.0
+
+
+def add_controller_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `otela controller`."""
+    p.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL", help="an ingress of the mesh")
+    p.add_argument("--catalog", metavar="FILE", help="models to serve: YAML catalog (see docs/scheduler.md)")
+    p.add_argument(
+        "--interval", type=float, metavar="S", help="seconds between rounds (default: catalog, 30)"
+    )
+    p.add_argument("--once", action="store_true", help="run one round, print what was assigned, exit")
+    p.add_argument("--dry-run", action="store_true", help="decide and print the assignments, send nothing")
+    p.add_argument(
+        "--show-peer-id",
+        action="store_true",
+        help="print the controller's peer id (creating its key) and exit",
+    )
+    p.add_argument(
+        "--key-file", metavar="PATH", help="identity key (default: $XDG_CONFIG_HOME/opentela/controller.key)"
+    )
+    p.add_argument(
+        "--bootstrap", action="append", metavar="ADDR", help="join through ADDR (default: the ingress)"
+    )
+    p.add_argument("--listen", metavar="HOST:PORT", help="fabric listen address (default 0.0.0.0:0)")
+    p.add_argument("--provider-id", metavar="ID", help="provider named in the controller's record")
+    p.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file ([fabric], [registry])")
+    p.add_argument("--join-token", metavar="TOKEN", help="join token of a closed network")
+    p.add_argument("--join-token-file", metavar="FILE", help="file holding the join token")
+    p.add_argument("--network-id", metavar="ID", help="closed network to belong to (otn_...)")
+
+
+def controller_identity(key_file: str | None) -> Identity:
+    """The controller's own identity, kept apart from a node's on the same machine."""
+    return Identity.load_or_create(key_file or config_home() / "controller.key")
+
+
+async def ingress_bootstraps(http: aiohttp.ClientSession, ingress: str) -> list[str]:
+    """Where the ingress says others can join through it."""
+    url = ingress.rstrip("/").removesuffix("/v1") + "/v1/dnt/bootstraps"
+    try:
+        async with http.get(url) as resp:
+            body = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise ConfigError(f"cannot ask the ingress {url} for a bootstrap address: {exc}") from None
+    addrs = body.get("self") if isinstance(body, dict) else None
+    if not addrs:
+        raise ConfigError(f"the ingress at {url} gave no bootstrap address; pass --bootstrap")
+    return [str(a) for a in addrs]
+
+
+def request_counts(metrics_text: str) -> dict[str, float]:
+    """Finished requests per model from the gateway's Prometheus text (``otela_requests_total``)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "otela_requests":
+            continue
+        for sample in family.samples:
+            if sample.name == "otela_requests_total":
+                model = sample.labels.get("model", "")
+                counts[model] = counts.get(model, 0.0) + sample.value
+    return counts
+
+
+class ObservedRates:
+    """Request rates per model at the ingress, from the change of its counters between two rounds."""
+
+    def __init__(self, ingress: str, min_window_s: float = 5.0) -> None:
+        self.url = ingress.rstrip("/").removesuffix("/v1") + "/metrics"
+        self.min_window_s = min_window_s
+        self._last: tuple[float, dict[str, float]] | None = None
+
+    async def sample(self, http: aiohttp.ClientSession) -> dict[str, float]:
+        """Requests per second per served model id since the previous sample (empty the first time)."""
+        try:
+            async with http.get(self.url) as resp:
+                text = await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            logger.info("no metrics from the ingress: %s", exc)
+            return {}
+        now, counts = time.monotonic(), request_counts(text)
+        if self._last is not None and now - self._last[0] < self.min_window_s:
+            return {}  # too short a window to tell a rate: keep the older baseline
+        last, self._last = self._last, (now, counts)
+        if last is None:
+            return {}
+        elapsed = now - last[0]
+        return {m: max(c - last[1].get(m, 0.0), 0.0) / elapsed for m, c in counts.items()}
+
+
+def observed_by_workload(catalog: FleetCatalog, rates: Mapping[str, float]) -> dict[str, float]:
+    """Rates keyed by workload model, for the catalog models that observe theirs and saw traffic."""
+    return {m.config: rates[m.id] for m in catalog.models if m.observe and rates.get(m.id, 0.0) > 0}
+
+
+class FleetControllerNode:
+    """The controller process: a NodeAgent of role controller driving a FleetController."""
+
+    def __init__(
+        self, agent: NodeAgent, catalog: FleetCatalog, interval_s: float | None = None, dry_run: bool = False
+    ) -> None:
+        self.agent, self.catalog = agent, catalog
+        self.controller = FleetController(
+            catalog.controller_config(interval_s),
+            self.records,
+            self.dry_run_send if dry_run else self.send,
+            catalog.hardware,
+        )
+        self.wake = asyncio.Event()
+
+    def records(self) -> list[NodeRecord]:
+        """Live records of this replica, without the peers our liveness layer suspects."""
+        registry, membership = self.agent.registry, self.agent.membership
+        assert registry is not None and membership is not None
+        now = time.time()
+        return [
+            r
+            for r in registry.records()
+            if registry.visible(r, now) and r.lifecycle <= Lifecycle.SERVING and not membership.is_excluded(r)
+        ]
+
+    async def send(self, peer_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Deliver one control message over /otela/control/1 and return the node's answer."""
+        assert self.agent.host is not None
+        addrs = next((r.addrs for r in self.records() if r.peer_id == peer_id), ())
+        stream = await self.agent.host.open_stream(peer_id, PROTO_CONTROL, addrs=addrs, timeout=10.0)
+        try:
+            await write_msg(stream, message)
+            await stream.write_eof()
+            answer = await asyncio.wait_for(read_msg(stream), ANSWER_TIMEOUT_S)
+        except asyncio.IncompleteReadError:
+            raise PeerUnreachableError(f"{peer_id} closed the control stream without answering") from None
+        finally:
+            with contextlib.suppress(OpenTelaError):
+                await stream.aclose()
+        return answer if isinstance(answer, dict) else {"ok": False, "error": f"unreadable answer {answer!r}"}
+
+    async def dry_run_send(self, peer_id: str, message: dict[str, Any]) -> dict[str, Any]:
+        """Send nothing: report the assignment as accepted so later rounds plan around it."""
+        return {"ok": True, "dry_run": True}
+
+    def watch_registry(self) -> None:
+        """Wake the loop early when a worker joins idle (its JOIN record without models arrives)."""
+        assert self.agent.registry is not None
+
+        def changed(record: NodeRecord, local: bool) -> None:
+            if (
+                not local
+                and record.lifecycle == Lifecycle.JOIN
+                and not record.models
+                and "worker" in record.roles
+            ):
+                self.wake.set()
+
+        self.agent.registry.on_change(changed)
+
+    async def wait_synced(self, http: aiohttp.ClientSession, ingress: str) -> None:
+        """Wait until our replica holds every live session the ingress lists (or give up after a while)."""
+        url = ingress.rstrip("/").removesuffix("/v1") + "/v1/dnt/table"
+        deadline = time.monotonic() + SYNC_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                async with http.get(url) as resp:
+                    table = await resp.json(content_type=None)
+                theirs = {r["session_id"] for r in table if r.get("lifecycle") in ("JOIN", "SERVING")}
+                ours = {r.session_id for r in self.records()}
+                if theirs and theirs <= ours:
+                    return
+            await asyncio.sleep(0.2)
+        logger.warning("registry not in step with the ingress after %.0f s; planning anyway", SYNC_TIMEOUT_S)
+
+    async def run(
+        self, http: aiohttp.ClientSession, ingress: str, *, once: bool, stop: asyncio.Event
+    ) -> None:
+        """Rounds until stopped: every interval, or sooner when an idle worker joins."""
+        rates = ObservedRates(ingress)
+        await rates.sample(http)
+        await self.wait_synced(http, ingress)
+        while not stop.is_set():
+            self.wake.clear()
+            self.controller.observed_rates = observed_by_workload(self.catalog, await rates.sample(http))
+            for assignment, answer in await self.controller.run_round():
+                print_result(assignment, answer)
+            if once:
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.controller.config.interval_s):
+                    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self.wake.wait())]
+                    try:
+                        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        for w in waits:
+                            w.cancel()
+            if self.wake.is_set() and not stop.is_set():
+                await asyncio.sleep(1.0)  # let the joining node's record settle (and others join with it)
+
+
+def print_result(a: Assignment, answer: Mapping[str, Any]) -> None:
+    """One JSON line per assignment on stdout: what went where, and the node's answer."""
+    line = {
+        "event": "assign",
+        "peer_id": a.peer_id,
+        "model": a.model,
+        "device": a.device,
+        "tp": a.tp,
+        "gpus": list(a.gpus),
+        "ok": bool(answer.get("ok")),
+        **{k: answer[k] for k in ("state", "code", "error", "dry_run") if k in answer},
+    }
+    print(json.dumps(line), flush=True)
+
+
+def _config(args: argparse.Namespace) -> OtelaConfig:
+    node: dict[str, Any] = {"role": "controller"}
+    for name in ("listen", "provider_id"):
+        if getattr(args, name):
+            node[name] = getattr(args, name)
+    fabric = {k: v for k in ("join_token", "join_token_file", "network_id") if (v := getattr(args, k))}
+    config = load_config(args.config, flags={"node": {}, "fabric": fabric})
+    # NodeConfig does not know the controller role from files or flags: it is set here only.
+    return dataclasses.replace(config, node=dataclasses.replace(config.node, **node))
+
+
+async def run_controller(args: argparse.Namespace) -> int:
+    """`otela controller`: join the mesh, then assign catalog models to idle workers round after round."""
+    identity = controller_identity(args.key_file)
+    if args.show_peer_id:
+        print(identity.peer_id)
+        return 0
+    if not args.catalog:
+        raise ConfigError("--catalog FILE is required (models, engine command templates, workloads)")
+    catalog = load_fleet_catalog(args.catalog)
+    config = _config(args)
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        bootstrap = tuple(args.bootstrap or ()) or tuple(await ingress_bootstraps(http, args.ingress))
+        node = dataclasses.replace(config.node, bootstrap=bootstrap)
+        agent = NodeAgent(identity, node, config.fabric, config.registry)
+        controller_node = FleetControllerNode(agent, catalog, args.interval, args.dry_run)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await agent.start()
+            controller_node.watch_registry()
+            print(f"controller {agent.peer_id}", file=sys.stderr)
+            print(f"key        {Path(args.key_file or config_home() / 'controller.key')}", file=sys.stderr)
+            print(f"bootstrap  {','.join(bootstrap)}", file=sys.stderr)
+            print(
+                f"catalog    {', '.join(m.id for m in catalog.models)} (policy {catalog.policy})",
+                file=sys.stderr,
+            )
+            print(
+                "nodes accept assignments from this controller once they list its peer id in [node] controllers",
+                file=sys.stderr,
+            )
+            sys.stderr.flush()
+            await controller_node.run(http, args.ingress, once=args.once, stop=stop)
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            await agent.aclose()
+    return 0

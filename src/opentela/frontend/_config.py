@@ -1,0 +1,58 @@
+"""Settings of the API frontend: where it listens, which ingress it forwards to, its database and defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """How the user-facing service authenticates, meters and forwards."""
+
+    enabled: bool = field(
+        default=False,
+        metadata={
+            "help": "Also run the frontend inside an ingress node (`otela start --ingress --frontend`)."
+        },
+    )
+    http: str = field(
+        default="127.0.0.1:8093", metadata={"help": "HOST:PORT the frontend (API and dashboard) listens on."}
+    )
+    ingress: str = field(
+        default="http://127.0.0.1:8092",
+        metadata={"help": "Base URL of the ingress node the frontend forwards to (without /v1)."},
+    )
+    db: str = field(
+        default="",
+        metadata={
+            "help": "Database URL (sqlite:///PATH or postgresql://USER@HOST/DB); empty: a SQLite file "
+            "in $XDG_DATA_HOME/opentela."
+        },
+    )
+    admin_token: str = field(
+        default="",
+        metadata={
+            "help": "Bearer token of the management endpoints; empty: generated once and kept in "
+            "$XDG_DATA_HOME/opentela/admin-token."
+        },
+    )
+    instance: str = field(
+        default="",
+        metadata={
+            "help": "Name of this frontend replica, stamped on its usage rows so a restart reconciles only its "
+            "own pending rows; empty: host name and port."
+        },
+    )
+    max_body_bytes: int = field(
+        default=4 * 1024 * 1024, metadata={"help": "Largest request body accepted; larger ones get 413."}
+    )
+    request_timeout: float = field(
+        default=900.0, metadata={"help": "Seconds a forwarded request may take before it is abandoned (504)."}
+    )
+    stale_pending_after: float = field(
+        default=3600.0,
+        metadata={
+            "help": "Pending usage rows of any replica older than this many seconds are marked interrupted "
+            "at start-up (a replica that never came back)."
+        },
+    )

@@ -1,0 +1,119 @@
+"""The database: an async SQLAlchemy engine on SQLite or PostgreSQL, migrated to the newest schema on open."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+
+from opentela.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_MIGRATION_LOCK = 0x07E1A  # PostgreSQL advisory lock: replicas starting together migrate one at a time
+
+
+def async_url(url: str) -> str:
+    """The URL with an async driver: sqlite -> sqlite+aiosqlite, postgresql -> postgresql+asyncpg."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise ConfigError(f"not a database URL: {url!r} ({exc})") from None
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif backend in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    else:
+        raise ConfigError(f"unsupported database {backend!r}: use sqlite:///PATH or postgresql://...")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_url(path: Path) -> str:
+    """A SQLite URL for a file path."""
+    return f"sqlite:///{path}"
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    # WAL with synchronous=NORMAL keeps every committed transaction across a process crash (kill -9); only a
+    # power loss may drop the last few. busy_timeout lets a second process wait for the write lock.
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.close()
+
+
+def _make_parent(path: str) -> None:
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _upgrade(connection: Connection) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, "head")
+
+
+class Database:
+    """One engine and session factory; `await Database.open(url)` applies pending migrations first."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+
+    def __repr__(self) -> str:
+        return f"<Database {self.engine.url.render_as_string(hide_password=True)}>"
+
+    @property
+    def dialect(self) -> str:
+        """sqlite or postgresql."""
+        return self.engine.dialect.name
+
+    @classmethod
+    async def open(cls, url: str, *, migrate: bool = True) -> Database:
+        """Connect (creating a SQLite file's directory) and bring the schema to the newest revision."""
+        full = async_url(url)
+        parsed = make_url(full)
+        kwargs: dict[str, Any] = {}
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                _make_parent(parsed.database)
+        else:
+            kwargs["pool_pre_ping"] = True
+        engine = create_async_engine(full, **kwargs)
+        if engine.dialect.name == "sqlite":
+            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        db = cls(engine)
+        if migrate:
+            try:
+                await db.migrate()
+            except BaseException:
+                await engine.dispose()
+                raise
+        return db
+
+    async def migrate(self) -> None:
+        """Apply every Alembic migration not yet applied (idempotent; safe for replicas starting together)."""
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"))
+            await conn.run_sync(_upgrade)
+
+    def session(self) -> AsyncSession:
+        """A new session (use as `async with db.session() as s`)."""
+        return self.sessions()
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()

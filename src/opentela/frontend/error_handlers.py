@@ -1,0 +1,95 @@
+"""Every failure of the frontend leaves as OpenAI error JSON with the right status (and limit details)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from opentela.errors import InvalidRequestError, OpenTelaError
+
+logger = logging.getLogger(__name__)
+
+
+class DatabaseUnavailableError(OpenTelaError):
+    """The usage database does not answer: nothing is forwarded unmetered."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "database_unavailable"
+    retryable = True
+
+
+def error_response(err: OpenTelaError, request_id: str | None = None) -> Response:
+    """The OpenAI-shaped JSON error; limit errors carry Retry-After and the reset time."""
+    headers: dict[str, str] = {}
+    if request_id:
+        headers["X-Otela-Request-Id"] = request_id
+    body: dict[str, Any] = err.to_openai()
+    if "retry_after" in err.details:
+        headers["Retry-After"] = str(max(1, int(err.details["retry_after"] + 0.999)))
+    if "resets_at" in err.details:
+        body["error"]["resets_at"] = err.details["resets_at"]
+        headers["X-Otela-Limit-Resets-At"] = str(int(err.details["resets_at"]))
+    if "limit" in err.details:
+        body["error"]["limit"] = err.details["limit"]
+    return Response(
+        json.dumps(body), status_code=err.status_code, media_type="application/json", headers=headers
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error the app can raise leaves as OpenAI error JSON with the right status."""
+
+    async def on_otela(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OpenTelaError)
+        request_id = getattr(request.state, "request_id", None)
+        logger.info(
+            "%s %s refused with %d %s (request %s): %s",
+            request.method,
+            request.url.path,
+            exc.status_code,
+            exc.code,
+            request_id,
+            exc.message,
+        )
+        return error_response(exc, request_id)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        err = InvalidRequestError(str(exc.detail))
+        err.status_code = exc.status_code
+        err.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
+        return error_response(err, getattr(request.state, "request_id", None))
+
+    async def on_validation(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        err = InvalidRequestError(f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)
+        return error_response(err, getattr(request.state, "request_id", None))
+
+    async def on_database(request: Request, exc: Exception) -> Response:
+        if isinstance(exc, (DataError, IntegrityError, ProgrammingError)):
+            return await on_unexpected(request, exc)  # a bug of ours, not an outage
+        logger.error("database error on %s %s: %s", request.method, request.url.path, exc)
+        err = DatabaseUnavailableError(
+            "the usage database is not answering; the request was not forwarded", retry_after=5.0
+        )
+        return error_response(err, getattr(request.state, "request_id", None))
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(OpenTelaError("internal error"), getattr(request.state, "request_id", None))
+
+    app.add_exception_handler(OpenTelaError, on_otela)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(DBAPIError, on_database)
+    app.add_exception_handler(Exception, on_unexpected)

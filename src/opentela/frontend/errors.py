@@ -1,0 +1,54 @@
+"""Errors of the user-facing service (each knows its status, OpenAI error type and code)."""
+
+from __future__ import annotations
+
+from opentela.errors import AuthenticationError, ClientError
+
+
+class KeyRevokedError(AuthenticationError):
+    """The API key was revoked."""
+
+    code = "api_key_revoked"
+
+
+class KeyExpiredError(AuthenticationError):
+    """The API key has expired."""
+
+    code = "api_key_expired"
+
+
+class AdminRequiredError(AuthenticationError):
+    """This endpoint needs the admin token."""
+
+    code = "admin_token_required"
+
+
+class ModelNotAllowedError(ClientError):
+    """The key may not use this model."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "model_not_allowed"
+
+
+class KeyNotFoundError(ClientError):
+    """No API key with this id."""
+
+    status_code = 404
+    code = "key_not_found"
+
+
+class RateLimitExceededError(ClientError):
+    """A per-minute rate limit of the key was hit; retry after the window moves on."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+
+class BudgetExceededError(ClientError):
+    """The key's budget for the current period is spent."""
+
+    status_code = 402
+    error_type = "insufficient_quota"
+    code = "budget_exceeded"

@@ -1,0 +1,198 @@
+"""API keys: random secrets shown once, stored as SHA-256 with a visible prefix; create, list, revoke, rotate."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from opentela.errors import AuthenticationError, InvalidRequestError
+from opentela.frontend.db import Database
+from opentela.frontend.errors import KeyExpiredError, KeyNotFoundError, KeyRevokedError
+from opentela.frontend.limits import BUDGET_PERIODS
+from opentela.frontend.schema import ApiKey
+
+KEY_SCHEME = "otela-"
+PREFIX_CHARS = len(KEY_SCHEME) + 8
+MAX_LIMIT = 2**62  # limits are 64-bit integers in the database
+
+
+def new_secret() -> str:
+    """A fresh API key: the scheme and 256 random bits (so a fast hash is enough: nothing to brute-force)."""
+    return KEY_SCHEME + secrets.token_urlsafe(32)
+
+
+def hash_secret(secret: str) -> str:
+    """The only form of a key the database ever holds."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def visible_prefix(secret: str) -> str:
+    """The part of a key shown in listings, enough to tell keys apart."""
+    return secret[:PREFIX_CHARS]
+
+
+def tokens_match(given: str, expected: str) -> bool:
+    """Constant-time comparison of bearer tokens."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+@dataclass(frozen=True)
+class KeySettings:
+    """What a key may do; every limit is optional (None: unlimited)."""
+
+    name: str = ""
+    expires_at: float | None = None
+    budget_tokens: int | None = None
+    budget_requests: int | None = None
+    budget_period: str = "month"
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    allowed_models: tuple[str, ...] | None = None
+    trusted_providers: tuple[str, ...] | None = None
+    log_content: bool = True
+
+    def validate(self) -> KeySettings:
+        """Reject impossible settings with a clear message."""
+        if self.budget_period not in BUDGET_PERIODS:
+            raise InvalidRequestError(
+                f"budget_period must be one of {', '.join(BUDGET_PERIODS)}", param="budget_period"
+            )
+        for name in ("budget_tokens", "budget_requests", "rpm_limit", "tpm_limit"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LIMIT:
+                raise InvalidRequestError(f"{name} must be between 0 and {MAX_LIMIT}", param=name)
+        if len(self.name) > 200:
+            raise InvalidRequestError("name is longer than 200 characters", param="name")
+        return self
+
+
+def key_info(key: ApiKey, now: float | None = None) -> dict[str, Any]:
+    """A key as the API shows it: never the secret or its hash."""
+    now = time.time() if now is None else now
+    if key.revoked_at is not None:
+        state = "revoked"
+    elif key.expires_at is not None and key.expires_at <= now:
+        state = "expired"
+    else:
+        state = "active"
+    return {
+        "id": key.id,
+        "name": key.name,
+        "prefix": key.prefix,
+        "state": state,
+        "created_at": key.created_at,
+        "rotated_at": key.rotated_at,
+        "expires_at": key.expires_at,
+        "revoked_at": key.revoked_at,
+        "last_used_at": key.last_used_at,
+        "budget_tokens": key.budget_tokens,
+        "budget_requests": key.budget_requests,
+        "budget_period": key.budget_period,
+        "rpm_limit": key.rpm_limit,
+        "tpm_limit": key.tpm_limit,
+        "allowed_models": key.allowed_models,
+        "trusted_providers": key.trusted_providers,
+        "log_content": key.log_content,
+    }
+
+
+class KeyStore:
+    """Key management over the database."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def create(self, settings: KeySettings) -> tuple[ApiKey, str]:
+        """A new key and its secret (the only time the secret exists outside the caller's hands)."""
+        settings.validate()
+        secret = new_secret()
+        key = ApiKey(
+            id=uuid.uuid4().hex,
+            name=settings.name,
+            prefix=visible_prefix(secret),
+            secret_hash=hash_secret(secret),
+            created_at=time.time(),
+            expires_at=settings.expires_at,
+            budget_tokens=settings.budget_tokens,
+            budget_requests=settings.budget_requests,
+            budget_period=settings.budget_period,
+            rpm_limit=settings.rpm_limit,
+            tpm_limit=settings.tpm_limit,
+            allowed_models=list(settings.allowed_models) if settings.allowed_models is not None else None,
+            trusted_providers=(
+                list(settings.trusted_providers) if settings.trusted_providers is not None else None
+            ),
+            log_content=settings.log_content,
+        )
+        async with self.db.session() as s, s.begin():
+            s.add(key)
+        return key, secret
+
+    async def list(self) -> list[ApiKey]:
+        """Every key, newest first."""
+        async with self.db.session() as s:
+            return list((await s.scalars(select(ApiKey).order_by(ApiKey.created_at.desc()))).all())
+
+    async def get(self, key_id: str) -> ApiKey:
+        """One key by id (404 when there is none)."""
+        async with self.db.session() as s:
+            key = await s.get(ApiKey, key_id)
+        if key is None:
+            raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+        return key
+
+    async def revoke(self, key_id: str) -> ApiKey:
+        """Revoke at once; requests with the key fail with 401 from now on. Idempotent."""
+        async with self.db.session() as s, s.begin():
+            key = await s.get(ApiKey, key_id)
+            if key is None:
+                raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+            if key.revoked_at is None:
+                key.revoked_at = time.time()
+        return key
+
+    async def rotate(self, key_id: str) -> tuple[ApiKey, str]:
+        """A new secret for the same key (settings and usage history stay); the old secret stops working."""
+        secret = new_secret()
+        async with self.db.session() as s, s.begin():
+            key = await s.get(ApiKey, key_id)
+            if key is None:
+                raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+            if key.revoked_at is not None:
+                raise KeyRevokedError("a revoked key cannot be rotated; create a new one")
+            key.prefix, key.secret_hash, key.rotated_at = (
+                visible_prefix(secret),
+                hash_secret(secret),
+                time.time(),
+            )
+        return key, secret
+
+    async def authenticate(self, secret: str | None, now: float | None = None) -> ApiKey:
+        """The active key behind a bearer secret, or the reason it is refused."""
+        if not secret:
+            raise AuthenticationError(
+                "no API key: send it as 'Authorization: Bearer otela-...' (create one with `otela keys create`)"
+            )
+        if not secret.startswith(KEY_SCHEME):
+            raise AuthenticationError("invalid API key: OpenTela keys start with 'otela-'")
+        async with self.db.session() as s:
+            key = await s.scalar(select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret)))
+        if key is None:
+            raise AuthenticationError(f"invalid API key {visible_prefix(secret)}...: no such key")
+        now = time.time() if now is None else now
+        if key.revoked_at is not None:
+            raise KeyRevokedError(f"API key {key.prefix}... was revoked")
+        if key.expires_at is not None and key.expires_at <= now:
+            raise KeyExpiredError(f"API key {key.prefix}... expired at {_iso(key.expires_at)}")
+        return key
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

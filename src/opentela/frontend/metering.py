@@ -1,0 +1,269 @@
+"""Forward one admitted request to the ingress and finish its usage row in the code path that ends the response.
+
+The guarantee: a usage row exists (status `pending`) before any byte is forwarded, and it is completed before the
+last byte of the response is handed to the client (the body of a non-streaming answer, the `[DONE]` event of a
+stream). A client that received a whole response therefore always has a completed row behind it; a frontend killed
+earlier leaves a pending row that the next start marks `interrupted`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import anyio
+from fastapi.responses import Response, StreamingResponse
+
+from opentela.errors import OpenTelaError, UpstreamTimeout
+from opentela.frontend.ingress import IngressClient, IngressUnavailableError
+from opentela.frontend.tokens import (
+    SseEvents,
+    TokenCount,
+    chunk_text,
+    estimate_text_tokens,
+    event_data,
+    usage_from,
+)
+from opentela.frontend.usage import Admission, Outcome, UsageLedger
+
+logger = logging.getLogger(__name__)
+
+PASSED_HEADERS = ("x-otela-request-id", "x-otela-node", "x-otela-session", "x-otela-provider")
+CHECKPOINT_EVERY_S = 2.0
+
+
+@dataclass
+class ForwardPlan:
+    """What to send: the path, the body as forwarded, headers, and what the client asked for."""
+
+    path: str
+    body: dict[str, Any]
+    headers: dict[str, str]
+    stream: bool
+    client_wants_usage: bool
+
+
+def plan_forward(path: str, body: dict[str, Any], stream: bool, headers: dict[str, str]) -> ForwardPlan:
+    """Ask a stream for its usage in the final chunk (stream_options.include_usage), remembering if the client did."""
+    options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else None
+    wants = bool(options and options.get("include_usage"))
+    if stream and path != "/v1/embeddings":
+        body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
+    return ForwardPlan(path, body, headers, stream, wants)
+
+
+def _meta(resp: aiohttp.ClientResponse) -> tuple[dict[str, str], str | None, str | None]:
+    headers = {k: v for k, v in resp.headers.items() if k.lower() in PASSED_HEADERS}
+    return headers, resp.headers.get("X-Otela-Provider"), resp.headers.get("X-Otela-Node")
+
+
+async def _finish(ledger: UsageLedger, admission: Admission, outcome: Outcome) -> None:
+    # Shielded: a client that goes away cancels the handler, and the row must still be written.
+    with anyio.CancelScope(shield=True):
+        try:
+            await ledger.complete(admission, outcome)
+        except Exception:
+            logger.exception(
+                "could not complete usage row %s (request %s)", admission.row_id, admission.request_id
+            )
+            raise
+
+
+async def forward(
+    ingress: IngressClient, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
+) -> Response:
+    """Send the request on and meter it; errors before the response starts become OpenAI error JSON."""
+    raw = json.dumps(plan.body).encode()
+    try:
+        resp = await ingress.post(plan.path, raw, plan.headers)
+    except OpenTelaError as err:
+        await _finish(
+            ledger,
+            admission,
+            Outcome(
+                "error",
+                err.status_code,
+                input_tokens=admission.input_estimate,
+                tokens_estimated=True,
+                error=err.message,
+            ),
+        )
+        raise
+    except BaseException:
+        await _finish(
+            ledger,
+            admission,
+            Outcome(
+                "cancelled",
+                input_tokens=admission.input_estimate,
+                tokens_estimated=True,
+                error="client went away",
+            ),
+        )
+        raise
+    is_sse = resp.headers.get("Content-Type", "").startswith("text/event-stream")
+    if plan.stream and is_sse and resp.status == 200:
+        return StreamingResponse(
+            _relay(resp, ledger, admission, plan),
+            status_code=200,
+            media_type="text/event-stream",
+            headers={**_meta(resp)[0], "Cache-Control": "no-cache", "X-Otela-Usage-Row": admission.row_id},
+        )
+    return await _whole(resp, ledger, admission)
+
+
+async def _whole(resp: aiohttp.ClientResponse, ledger: UsageLedger, admission: Admission) -> Response:
+    headers, provider, node = _meta(resp)
+    try:
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            err: OpenTelaError = (
+                UpstreamTimeout(f"the ingress did not finish the response in time: {exc!r}")
+                if isinstance(exc, TimeoutError)
+                else IngressUnavailableError(f"the ingress broke off the response: {exc!r}")
+            )
+            await _finish(
+                ledger,
+                admission,
+                Outcome(
+                    "error",
+                    err.status_code,
+                    provider,
+                    node,
+                    admission.input_estimate,
+                    0,
+                    True,
+                    error=err.message,
+                ),
+            )
+            raise err from exc
+    except asyncio.CancelledError:
+        await _finish(
+            ledger,
+            admission,
+            Outcome(
+                "cancelled", None, provider, node, admission.input_estimate, 0, True, error="client went away"
+            ),
+        )
+        raise
+    finally:
+        resp.release()
+    try:
+        payload = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        payload = None
+    count = _count_whole(payload, admission)
+    ok = resp.status < 400
+    error = None
+    if not ok and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        error = str(payload["error"].get("message", ""))[:1000]
+    await _finish(
+        ledger,
+        admission,
+        Outcome(
+            "ok" if ok else "error",
+            resp.status,
+            provider,
+            node,
+            count.input,
+            count.output,
+            count.estimated,
+            error=error,
+        ),
+    )
+    return Response(
+        data,
+        status_code=resp.status,
+        media_type=resp.headers.get("Content-Type", "application/json"),
+        headers={**headers, "X-Otela-Usage-Row": admission.row_id},
+    )
+
+
+def _count_whole(payload: Any, admission: Admission) -> TokenCount:
+    reported = usage_from(payload)
+    if reported is not None:
+        return TokenCount(reported[0], reported[1], estimated=False)
+    text = ""
+    if isinstance(payload, dict):
+        for choice in payload.get("choices") or ():
+            if isinstance(choice, dict):
+                message = choice.get("message")
+                if isinstance(message, dict) and isinstance(message.get("content"), str):
+                    text += message["content"]
+                elif isinstance(choice.get("text"), str):
+                    text += choice["text"]
+    return TokenCount(admission.input_estimate, estimate_text_tokens(text), estimated=True)
+
+
+async def _relay(
+    resp: aiohttp.ClientResponse, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
+) -> AsyncIterator[bytes]:
+    """Pass SSE events through one by one; complete the usage row before the [DONE] event is sent."""
+    _, provider, node = _meta(resp)
+    events = SseEvents()
+    reported: tuple[int, int] | None = None
+    content_chunks = 0
+    ttft_ms: float | None = None
+    error: str | None = None
+    finished = False
+    last_checkpoint = time.monotonic()
+
+    def outcome(status: str, why: str | None = None) -> Outcome:
+        if reported is not None:
+            return Outcome(
+                status, 200, provider, node, reported[0], reported[1], False, ttft_ms, why or error
+            )
+        # No usage from the engine: one streamed content chunk is one token for the engines we know of.
+        return Outcome(
+            status, 200, provider, node, admission.input_estimate, content_chunks, True, ttft_ms, why or error
+        )
+
+    try:
+        async for chunk in resp.content.iter_any():
+            for event in events.feed(chunk):
+                data = event_data(event)
+                if data == "[DONE]":
+                    await _finish(ledger, admission, outcome("error" if error else "ok"))
+                    finished = True
+                    yield event
+                    continue
+                if isinstance(data, dict):
+                    if isinstance(data.get("error"), dict):
+                        error = str(data["error"].get("message", "stream error"))[:1000]
+                    usage = usage_from(data)
+                    if usage is not None:
+                        reported = usage
+                        if not data.get("choices") and not plan.client_wants_usage:
+                            continue  # the usage-only chunk we asked for; the client did not
+                    if chunk_text(data):
+                        content_chunks += 1
+                        if ttft_ms is None:
+                            ttft_ms = round((time.time() - admission.started_at) * 1000, 3)
+                yield event
+            if time.monotonic() - last_checkpoint > CHECKPOINT_EVERY_S and not finished:
+                last_checkpoint = time.monotonic()
+                with anyio.CancelScope(shield=True):
+                    await ledger.checkpoint(admission, content_chunks, provider, node)
+        rest = events.rest()
+        if not finished:
+            await _finish(ledger, admission, outcome("error", error or "the stream ended without [DONE]"))
+            finished = True
+        if rest:
+            yield rest
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        if not finished:
+            await _finish(ledger, admission, outcome("error", f"the ingress broke off the stream: {exc!r}"))
+            finished = True
+        err = IngressUnavailableError(f"the stream broke off: {exc!r}")
+        yield b"data: " + json.dumps(err.to_openai()).encode() + b"\n\n"
+    finally:
+        if not finished:
+            await _finish(ledger, admission, outcome("cancelled", "client went away mid-stream"))
+        resp.release()

@@ -1,0 +1,1 @@
+"""HTTP routes of the frontend: the OpenAI surface, management, and the dashboard."""

@@ -1,0 +1,137 @@
+"""Management endpoints (admin token): keys and the usage of everyone, including the trace export."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from opentela.frontend.errors import AdminRequiredError
+from opentela.frontend.keys import MAX_LIMIT, KeySettings, key_info, tokens_match
+from opentela.frontend.routes.openai import usage_json
+from opentela.frontend.state import bearer_token, state_of
+
+
+async def require_admin(request: Request) -> None:
+    """401 unless the request carries the admin token."""
+    given = bearer_token(request)
+    if not given or not tokens_match(given, state_of(request).admin_token):
+        raise AdminRequiredError("this endpoint needs 'Authorization: Bearer <admin token>'")
+
+
+router = APIRouter(prefix="/admin", tags=["Management (admin token)"], dependencies=[Depends(require_admin)])
+
+
+class KeyCreate(BaseModel):
+    """Settings of a new key; every limit is optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field("", max_length=200, description="Who or what the key is for")
+    expires_at: float | None = Field(None, description="Unix time after which the key stops working")
+    expires_in_days: float | None = Field(None, gt=0, description="Alternative to expires_at")
+    budget_tokens: int | None = Field(
+        None, ge=0, le=MAX_LIMIT, description="Tokens (input + output) per budget period"
+    )
+    budget_requests: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per budget period")
+    budget_period: str = Field("month", description="day, week, month (UTC calendar) or total")
+    rpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Requests per minute")
+    tpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Tokens per minute")
+    allowed_models: list[str] | None = Field(None, description="Models the key may use (null: all)")
+    trusted_providers: list[str] | None = Field(
+        None, description="Default trust allowlist of providers sent to the gateway (null: any provider)"
+    )
+    log_content: bool = Field(True, description="False: keep this key's requests out of the anonymized trace")
+
+    def settings(self) -> KeySettings:
+        """As the key store's settings."""
+        expires = self.expires_at
+        if expires is None and self.expires_in_days is not None:
+            expires = time.time() + self.expires_in_days * 86400
+        return KeySettings(
+            name=self.name,
+            expires_at=expires,
+            budget_tokens=self.budget_tokens,
+            budget_requests=self.budget_requests,
+            budget_period=self.budget_period,
+            rpm_limit=self.rpm_limit,
+            tpm_limit=self.tpm_limit,
+            allowed_models=tuple(self.allowed_models) if self.allowed_models is not None else None,
+            trusted_providers=tuple(self.trusted_providers) if self.trusted_providers is not None else None,
+            log_content=self.log_content,
+        )
+
+
+@router.post("/keys", status_code=201, summary="Create a key (its secret is shown only in this answer)")
+async def create_key(request: Request, body: KeyCreate) -> JSONResponse:
+    """A new key; the answer holds the secret, which is never retrievable again."""
+    key, secret = await state_of(request).keys.create(body.settings())
+    return JSONResponse({"key": key_info(key), "secret": secret}, status_code=201)
+
+
+@router.get("/keys", summary="List keys")
+async def list_keys(request: Request) -> JSONResponse:
+    """Every key, newest first (prefixes only)."""
+    return JSONResponse({"data": [key_info(k) for k in await state_of(request).keys.list()]})
+
+
+@router.get("/keys/{key_id}", summary="One key")
+async def get_key(request: Request, key_id: str) -> JSONResponse:
+    """One key by id."""
+    return JSONResponse(key_info(await state_of(request).keys.get(key_id)))
+
+
+@router.post("/keys/{key_id}/revoke", summary="Revoke a key at once")
+async def revoke_key(request: Request, key_id: str) -> JSONResponse:
+    """Revoke: the key answers 401 from now on."""
+    return JSONResponse(key_info(await state_of(request).keys.revoke(key_id)))
+
+
+@router.post("/keys/{key_id}/rotate", summary="Give a key a new secret (the old one stops working)")
+async def rotate_key(request: Request, key_id: str) -> JSONResponse:
+    """Rotate: same key, settings and history; a new secret shown only here."""
+    key, secret = await state_of(request).keys.rotate(key_id)
+    return JSONResponse({"key": key_info(key), "secret": secret})
+
+
+@router.get("/usage", summary="Requests and tokens per key, model and day")
+async def usage_aggregates(
+    request: Request, key_id: str | None = None, since_day: str | None = None
+) -> JSONResponse:
+    """Aggregates over every key (or one)."""
+    return JSONResponse(
+        {"data": await state_of(request).ledger.aggregates(key_id=key_id, since_day=since_day)}
+    )
+
+
+@router.get("/usage/rows", summary="Latest usage rows")
+async def usage_rows(request: Request, key_id: str | None = None, limit: int = 100) -> JSONResponse:
+    """The newest usage rows, one per request."""
+    rows = await state_of(request).ledger.rows(key_id=key_id, limit=max(1, min(limit, 5000)))
+    return JSONResponse({"data": [usage_json(r) for r in rows]})
+
+
+@router.get("/usage/series", summary="Tokens over time")
+async def usage_series(request: Request, key_id: str | None = None, hours: int = 24) -> JSONResponse:
+    """Requests and tokens per time bucket over the last `hours`."""
+    hours = max(1, min(hours, 24 * 90))
+    bucket = 300 if hours <= 6 else 3600 if hours <= 72 else 86400
+    series = await state_of(request).ledger.series(
+        key_id=key_id, since=time.time() - hours * 3600, bucket_s=bucket
+    )
+    return JSONResponse({"bucket_s": bucket, "data": series})
+
+
+@router.get("/usage/export.csv", summary="Anonymized trace (CSV)")
+async def export_csv(
+    request: Request, since: float | None = None, until: float | None = None
+) -> StreamingResponse:
+    """timestamp, model, input_tokens, output_tokens, sampling_params; no keys, no content, opted-out keys left out."""
+    ledger = state_of(request).ledger
+    return StreamingResponse(
+        ledger.export_trace(since=since, until=until),
+        media_type="text/csv",
+        headers={"Content-Disposition": 'attachment; filename="opentela-trace.csv"'},
+    )

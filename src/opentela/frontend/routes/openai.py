@@ -1,0 +1,207 @@
+"""The OpenAI-compatible surface: authenticate the key, validate, admit against its limits, forward and meter."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from opentela.errors import InvalidRequestError, RequestTooLargeError
+from opentela.frontend.errors import ModelNotAllowedError
+from opentela.frontend.keys import key_info
+from opentela.frontend.metering import forward, plan_forward
+from opentela.frontend.schema import ApiKey
+from opentela.frontend.state import FrontendState, bearer_token, state_of
+from opentela.frontend.tokens import estimate_input_tokens, sampling_params
+from opentela.frontend.validation import ENDPOINTS, parse_body, validate
+
+logger = logging.getLogger(__name__)
+router = APIRouter(tags=["OpenAI-compatible API"])
+
+TRUST_HEADER = "X-Otela-Trusted-Providers"
+
+
+def _body_doc(required: list[str], example: dict[str, Any]) -> dict[str, Any]:
+    schema = {"type": "object", "required": required, "additionalProperties": True, "example": example}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+async def authenticate(request: Request) -> ApiKey:
+    """The active key of the request, or 401 with the reason."""
+    return await state_of(request).keys.authenticate(bearer_token(request))
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes (413) without reading further."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise RequestTooLargeError(f"request body of {declared} bytes is over the limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def trusted_providers(key: ApiKey, asked: str | None) -> list[str] | None:
+    """The trust allowlist to send: the key's default, narrowed (never widened) by the client's own header."""
+    wanted = [p.strip() for p in asked.split(",") if p.strip()] if asked else None
+    if key.trusted_providers is None:
+        return wanted
+    if wanted is None:
+        return list(key.trusted_providers)
+    narrowed = [p for p in wanted if p in key.trusted_providers]
+    if not narrowed:
+        raise InvalidRequestError(
+            f"none of the providers in {TRUST_HEADER} is allowed for this key "
+            f"(allowed: {', '.join(key.trusted_providers)})",
+            param=TRUST_HEADER,
+        )
+    return narrowed
+
+
+async def _inference(request: Request) -> Response:
+    st: FrontendState = state_of(request)
+    request_id: str = request.state.request_id  # given by the access-log middleware
+    key = await authenticate(request)
+    raw = await read_limited(request, st.config.max_body_bytes)
+    body = parse_body(raw)
+    path = request.url.path
+    model, stream = validate(ENDPOINTS[path], body)
+    if key.allowed_models is not None and model not in key.allowed_models:
+        raise ModelNotAllowedError(
+            f"this key may not use model {model!r}; allowed: {', '.join(key.allowed_models) or 'none'}",
+            param="model",
+        )
+    headers = {"X-Request-Id": request_id}
+    trust = trusted_providers(key, request.headers.get(TRUST_HEADER))
+    if trust is not None:
+        headers[TRUST_HEADER] = ",".join(trust)
+    admission = await st.ledger.admit(
+        key,
+        request_id=request_id,
+        endpoint=path,
+        model=model,
+        stream=stream,
+        input_estimate=estimate_input_tokens(body),
+        sampling=sampling_params(body) if key.log_content else None,
+    )
+    logger.info(
+        "request %s key %s model %s admitted as row %s", request_id, key.prefix, model, admission.row_id
+    )
+    response = await forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
+    response.headers.setdefault("X-Otela-Request-Id", request_id)
+    response.headers.update(admission.limit_headers)
+    return response
+
+
+@router.post(
+    "/v1/chat/completions",
+    summary="Chat completion (streaming with stream=true)",
+    openapi_extra=_body_doc(
+        ["model", "messages"],
+        {
+            "model": "SmolLM2-135M-Instruct",
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 32,
+        },
+    ),
+)
+async def chat_completions(request: Request) -> Response:
+    """Forward a chat completion to a replica of its model, metered against the key."""
+    return await _inference(request)
+
+
+@router.post(
+    "/v1/completions",
+    summary="Text completion",
+    openapi_extra=_body_doc(
+        ["model", "prompt"], {"model": "SmolLM2-135M-Instruct", "prompt": "Once upon a time"}
+    ),
+)
+async def completions(request: Request) -> Response:
+    """Forward a text completion."""
+    return await _inference(request)
+
+
+@router.post(
+    "/v1/embeddings",
+    summary="Embeddings",
+    openapi_extra=_body_doc(["model", "input"], {"model": "SmolLM2-135M-Instruct", "input": "hello"}),
+)
+async def embeddings(request: Request) -> Response:
+    """Forward an embeddings request."""
+    return await _inference(request)
+
+
+@router.get("/v1/models", summary="Models this key may use, with their replicas")
+async def models(request: Request) -> JSONResponse:
+    """The ingress's model list, narrowed to the key's allowed models and trusted providers."""
+    key = await authenticate(request)
+    listing = await state_of(request).ingress.get_json("/v1/models")
+    data = []
+    for model in listing.get("data", []):
+        if key.allowed_models is not None and model.get("id") not in key.allowed_models:
+            continue
+        replicas = model.get("replicas", [])
+        if key.trusted_providers is not None:
+            replicas = [r for r in replicas if r.get("provider_id") in key.trusted_providers]
+            if not replicas:
+                continue
+        data.append({**model, "replicas": replicas})
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/me", summary="The calling key's settings")
+async def me(request: Request) -> JSONResponse:
+    """The key behind the bearer token (never its secret)."""
+    return JSONResponse(key_info(await authenticate(request)))
+
+
+@router.get("/v1/usage", summary="The calling key's usage")
+async def my_usage(request: Request, hours: int = 24, limit: int = 50) -> JSONResponse:
+    """Self-service: the calling key's totals per model and day, a time series, and its latest requests."""
+    key = await authenticate(request)
+    ledger = state_of(request).ledger
+    hours = max(1, min(hours, 24 * 90))
+    since = time.time() - hours * 3600
+    bucket = 300 if hours <= 6 else 3600 if hours <= 72 else 86400
+    return JSONResponse(
+        {
+            "key": key_info(key),
+            "aggregates": await ledger.aggregates(key_id=key.id),
+            "series": await ledger.series(key_id=key.id, since=since, bucket_s=bucket),
+            "bucket_s": bucket,
+            "rows": [usage_json(r) for r in await ledger.rows(key_id=key.id, limit=max(1, min(limit, 500)))],
+        }
+    )
+
+
+def usage_json(row: Any) -> dict[str, Any]:
+    """A usage row as the API shows it."""
+    return {
+        "id": row.id,
+        "request_id": row.request_id,
+        "key_id": row.key_id,
+        "endpoint": row.endpoint,
+        "model": row.model,
+        "stream": row.stream,
+        "status": row.status,
+        "http_status": row.http_status,
+        "provider": row.provider,
+        "node": row.node,
+        "input_tokens": row.input_tokens,
+        "output_tokens": row.output_tokens,
+        "tokens_estimated": row.tokens_estimated,
+        "started_at": row.started_at,
+        "finished_at": row.finished_at,
+        "latency_ms": row.latency_ms,
+        "ttft_ms": row.ttft_ms,
+        "sampling": row.sampling,
+        "error": row.error,
+    }

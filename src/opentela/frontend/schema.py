@@ -1,0 +1,70 @@
+"""The frontend's tables: API keys (hashes only) and one usage row per request."""
+
+from __future__ import annotations
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the frontend schema."""
+
+
+class ApiKey(Base):
+    """An API key: the secret is never stored, only its SHA-256 and a short visible prefix."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), default="")
+    prefix: Mapped[str] = mapped_column(String(32))
+    secret_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    rotated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    budget_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_requests: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_period: Mapped[str] = mapped_column(String(16), default="month")
+    rpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    trusted_providers: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    log_content: Mapped[bool] = mapped_column(Boolean, default=True)
+
+
+class UsageRow(Base):
+    """One request: written as `pending` before forwarding, completed in the code path that ends the response."""
+
+    __tablename__ = "usage"
+    __table_args__ = (
+        Index("ix_usage_key_started", "key_id", "started_at"),
+        Index("ix_usage_status_instance", "status", "instance"),
+        Index("ix_usage_day", "day"),
+    )
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    request_id: Mapped[str] = mapped_column(String(128))
+    key_id: Mapped[str] = mapped_column(String(32), ForeignKey("api_keys.id"))
+    instance: Mapped[str] = mapped_column(String(200))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(300))
+    stream: Mapped[bool] = mapped_column(Boolean)
+    status: Mapped[str] = mapped_column(String(16))
+    http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    provider: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    input_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    output_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    started_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    day: Mapped[str] = mapped_column(String(10))
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    sampling: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+USAGE_STATUSES = ("pending", "ok", "error", "cancelled", "interrupted")

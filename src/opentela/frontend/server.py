@@ -1,0 +1,127 @@
+"""The frontend as a long-lived component: open and migrate the database, reconcile, serve with uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from opentela.frontend._config import FrontendConfig
+from opentela.frontend.app import create_app
+from opentela.frontend.db import Database
+from opentela.frontend.ingress import IngressClient
+from opentela.frontend.keys import KeyStore
+from opentela.frontend.state import FrontendState
+from opentela.frontend.usage import UsageLedger
+
+logger = logging.getLogger(__name__)
+
+
+def load_or_create_admin_token(path: Path) -> str:
+    """The admin token kept in `path` (mode 0600), created on first use."""
+    with contextlib.suppress(FileNotFoundError):
+        token = path.read_text().strip()
+        if token:
+            return token
+    path.parent.mkdir(parents=True, exist_ok=True)
+    token = "otela-admin-" + secrets.token_urlsafe(32)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn inside a running loop: the process's own signal handling stays in charge."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class Frontend:
+    """API keys, metering and the dashboard in front of one ingress. Build with `await Frontend.create(...)`."""
+
+    def __init__(self, state: FrontendState) -> None:
+        self.state = state
+        self.app = create_app(state)
+        self.url = ""
+        self._server: _EmbeddedServer | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<Frontend {self.url or 'not listening'} -> {self.state.ingress.base_url} {self.state.db!r}>"
+
+    @classmethod
+    async def create(
+        cls, config: FrontendConfig, *, db_url: str, admin_token: str, instance: str
+    ) -> Frontend:
+        """Open the database (migrations applied), reconcile rows a crash left pending, build the app."""
+        started = time.perf_counter()
+        db = await Database.open(db_url)
+        ledger = UsageLedger(db, instance)
+        try:
+            await ledger.reconcile(config.stale_pending_after)
+        except BaseException:
+            await db.aclose()
+            raise
+        logger.info("frontend database ready in %.2f s: %r", time.perf_counter() - started, db)
+        ingress = IngressClient(config.ingress, request_timeout=config.request_timeout)
+        return cls(FrontendState(config, db, KeyStore(db), ledger, ingress, admin_token))
+
+    async def start(self, host: str, port: int) -> str:
+        """Listen on host:port (0: a free port) and serve in the background; returns the base URL."""
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+        bound = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app,
+            log_config=None,
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            proxy_headers=False,
+            server_header=False,
+        )
+        self._server = _EmbeddedServer(config)
+        self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="frontend-http")
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the frontend's HTTP server stopped while starting")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the frontend's HTTP server did not start within 30 s")
+            await asyncio.sleep(0.02)
+        shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+        self.url = f"http://{shown}:{bound}"
+        logger.info("frontend listening on %s, forwarding to %s", self.url, self.state.ingress.base_url)
+        return self.url
+
+    async def aclose(self) -> None:
+        """Stop serving (in-flight requests get a few seconds), then close the ingress pool and the database."""
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+            self._server = self._task = None
+        await self.state.ingress.aclose()
+        await self.state.db.aclose()
+
+    async def __aenter__(self) -> Frontend:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()

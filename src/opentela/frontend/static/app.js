@@ -1,0 +1,439 @@
+// OpenTela dashboard: catalog, node map, playground, keys and usage. Plain JS, no external assets.
+"use strict";
+
+const $ = (sel, root = document) => root.querySelector(sel);
+const $$ = (sel, root = document) => Array.from(root.querySelectorAll(sel));
+const esc = (v) => String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+const short = (id) => (id ? "…" + String(id).slice(-8) : "-");
+const fmtInt = (n) => (n == null ? "-" : Number(n).toLocaleString());
+const fmtMs = (n) => (n == null ? "-" : n < 1000 ? `${Math.round(n)} ms` : `${(n / 1000).toFixed(2)} s`);
+const ago = (ts) => {
+  if (!ts) return "-";
+  const s = Math.max(0, Date.now() / 1000 - ts);
+  if (s < 60) return `${Math.round(s)} s ago`;
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 86400) return `${Math.round(s / 3600)} h ago`;
+  return new Date(ts * 1000).toISOString().slice(0, 10);
+};
+
+const store = {
+  get key() { return localStorage.getItem("otela.key") || ""; },
+  set key(v) { v ? localStorage.setItem("otela.key", v) : localStorage.removeItem("otela.key"); },
+  get admin() { return sessionStorage.getItem("otela.admin") || ""; },
+  set admin(v) { v ? sessionStorage.setItem("otela.admin", v) : sessionStorage.removeItem("otela.admin"); },
+};
+
+async function api(path, { token, method = "GET", body } = {}) {
+  const headers = {};
+  if (token) headers.Authorization = `Bearer ${token}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await resp.text();
+  let data = null;
+  try { data = text ? JSON.parse(text) : null; } catch { data = text; }
+  if (!resp.ok) {
+    const msg = data && data.error ? data.error.message : `${resp.status} ${resp.statusText}`;
+    const err = new Error(msg);
+    err.status = resp.status;
+    throw err;
+  }
+  return data;
+}
+
+// ---- tabs -------------------------------------------------------------------------------------------------
+let current = "models";
+function show(tab) {
+  current = tab;
+  $$(".tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === tab));
+  $$(".view").forEach((v) => v.classList.toggle("active", v.id === `view-${tab}`));
+  $(".key-panel").classList.toggle("hidden", tab === "models" || tab === "nodes");
+  if (location.hash !== `#${tab}`) history.replaceState(null, "", `#${tab}`);
+  refresh();
+}
+$$(".tabs button").forEach((b) => b.addEventListener("click", () => show(b.dataset.tab)));
+
+// ---- mesh: catalog and nodes --------------------------------------------------------------------------------
+function hardwareText(hw) {
+  if (!hw) return "-";
+  const gpus = hw.gpus || [];
+  if (gpus.length) {
+    const groups = {};
+    gpus.forEach((g) => {
+      const label = `${g.name || "GPU"}${g.memory_mib ? ` ${Math.round(g.memory_mib / 1024)} GiB` : ""}`;
+      groups[label] = (groups[label] || 0) + 1;
+    });
+    return Object.entries(groups).map(([l, n]) => `${n}× ${l}`).join(", ");
+  }
+  const cpu = typeof hw.cpu === "object" && hw.cpu ? hw.cpu.model : hw.cpu;
+  const threads = hw.cpu_threads || (hw.cpu && hw.cpu.threads);
+  const ram = hw.ram_mib ? `, ${Math.round(hw.ram_mib / 1024)} GiB RAM` : "";
+  return `CPU ${cpu || "?"}${threads ? ` (${threads} threads)` : ""}${ram}`;
+}
+
+async function loadModels() {
+  const box = $("#models");
+  try {
+    const listing = await api("/api/mesh/models");
+    const models = listing.data || [];
+    fillModelSelect(models);
+    $("#models-summary").textContent = `${models.length} model${models.length === 1 ? "" : "s"} served`;
+    if (!models.length) { box.innerHTML = `<p class="muted">No model is being served right now.</p>`; return; }
+    box.innerHTML = models.map((m) => {
+      const healthy = m.replicas.filter((r) => r.state === "SERVING" && !r.suspected).length;
+      const replicas = m.replicas.map((r) => `
+        <div class="replica" data-session="${esc(r.session_id)}">
+          <span class="k">state</span><span><span class="badge ${esc(r.state)}">${esc(r.state)}</span>
+            <span class="badge ${r.suspected ? "suspected" : "healthy"}">${r.suspected ? "suspected" : "healthy"}</span></span>
+          <span class="k">provider</span><span>${esc(r.provider_id)}</span>
+          <span class="k">node</span><span class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}</span>
+          <span class="k">hardware</span><span>${esc(hardwareText(r.hardware))}</span>
+          <span class="k">engine</span><span>${esc(r.engine || "-")}${Object.keys(r.settings || {}).length ? ` <span class="muted mono">${esc(JSON.stringify(r.settings))}</span>` : ""}</span>
+        </div>`).join("");
+      return `<article class="card model-card" data-model="${esc(m.id)}">
+        <h3>${esc(m.id)}</h3>
+        <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy</div>
+        ${replicas}</article>`;
+    }).join("");
+  } catch (e) {
+    box.innerHTML = `<p class="msg error">Cannot read the catalog: ${esc(e.message)}</p>`;
+  }
+}
+
+async function loadNodes() {
+  const body = $("#nodes tbody");
+  try {
+    const [table, peers] = await Promise.all([api("/api/mesh/table"), api("/api/mesh/peers")]);
+    const suspected = new Set(peers.filter((p) => p.suspected).map((p) => p.peer_id));
+    const order = { SERVING: 0, JOIN: 1, DOWN: 2, LEFT: 3 };
+    table.sort((a, b) => (order[a.lifecycle] - order[b.lifecycle]) || String(a.provider_id).localeCompare(b.provider_id));
+    const live = table.filter((r) => r.lifecycle === "SERVING" || r.lifecycle === "JOIN").length;
+    $("#nodes-summary").textContent = `${table.length} records, ${live} live`;
+    body.innerHTML = table.map((r) => {
+      const health = r.lifecycle === "LEFT" || r.lifecycle === "DOWN" ? "-" :
+        suspected.has(r.peer_id) ? `<span class="badge suspected">suspected</span>` : `<span class="badge healthy">healthy</span>`;
+      const roles = (r.roles || []).length ? ` <span class="muted">(${esc(r.roles.join(", "))})</span>` : "";
+      return `<tr data-peer="${esc(r.peer_id)}" data-session="${esc(r.session_id)}">
+        <td data-label="Node" class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}${roles}</td>
+        <td data-label="Provider">${esc(r.provider_id)}</td>
+        <td data-label="Lifecycle"><span class="badge ${esc(r.lifecycle)}">${esc(r.lifecycle)}</span></td>
+        <td data-label="Health">${health}</td>
+        <td data-label="Hardware">${esc(hardwareText(r.hardware))}</td>
+        <td data-label="Models">${esc((r.models || []).map((m) => m.id).join(", ") || "-")}</td>
+        <td data-label="Updated">${esc(ago(r.updated_at))}</td></tr>`;
+    }).join("") || `<tr><td colspan="7" class="muted">No nodes.</td></tr>`;
+  } catch (e) {
+    body.innerHTML = `<tr><td colspan="7" class="msg error">Cannot read the node map: ${esc(e.message)}</td></tr>`;
+  }
+}
+
+async function loadHealth() {
+  const box = $("#health");
+  try {
+    const h = await api("/api/mesh/health");
+    box.className = "health ok";
+    $("#health-text").textContent = `ingress ${h.status === "ok" ? "up" : h.status} · ${h.nodes_known} nodes`;
+  } catch (e) {
+    box.className = "health bad";
+    $("#health-text").textContent = "ingress unreachable";
+  }
+}
+
+// ---- your key --------------------------------------------------------------------------------------------
+function keyStatus(text, bad) {
+  const el = $("#key-status");
+  el.textContent = text;
+  el.style.color = bad ? "var(--bad)" : "";
+}
+async function checkKey() {
+  if (!store.key) { keyStatus("No key yet. The catalog and node map need none; the playground and usage do."); return null; }
+  try {
+    const me = await api("/v1/me", { token: store.key });
+    keyStatus(`Using key ${me.prefix}… ${me.name ? `(${me.name})` : ""} — ${me.state}.`);
+    return me;
+  } catch (e) {
+    keyStatus(`This key does not work: ${e.message}`, true);
+    return null;
+  }
+}
+$("#key-save").addEventListener("click", () => { store.key = $("#key-input").value.trim(); $("#key-input").value = ""; checkKey().then(refresh); });
+$("#key-forget").addEventListener("click", () => { store.key = ""; checkKey(); refresh(); });
+
+// ---- playground -------------------------------------------------------------------------------------------
+const chat = { messages: [], busy: false, controller: null };
+function fillModelSelect(models) {
+  const sel = $("#chat-model");
+  const keep = sel.value;
+  const ids = models.map((m) => m.id);
+  if (ids.join("|") === $$("option", sel).map((o) => o.value).join("|")) return;
+  sel.innerHTML = ids.map((id) => `<option value="${esc(id)}">${esc(id)}</option>`).join("") || `<option value="">no model served</option>`;
+  if (ids.includes(keep)) sel.value = keep;
+}
+function addMessage(role, text) {
+  const el = document.createElement("div");
+  el.className = `msg ${role}`;
+  el.textContent = text;
+  $("#chat-log").appendChild(el);
+  $("#chat-log").scrollTop = $("#chat-log").scrollHeight;
+  return el;
+}
+async function send(prompt) {
+  if (!store.key) { addMessage("error", "Paste your API key above to use the playground."); return; }
+  const model = $("#chat-model").value;
+  if (!model) { addMessage("error", "No model is being served."); return; }
+  chat.messages.push({ role: "user", content: prompt });
+  addMessage("user", prompt);
+  const out = addMessage("assistant streaming", "");
+  chat.busy = true;
+  $("#chat-send").disabled = true;
+  chat.controller = new AbortController();
+  const started = performance.now();
+  let first = null, chunks = 0, text = "", usage = null;
+  try {
+    const resp = await fetch("/v1/chat/completions", {
+      method: "POST",
+      signal: chat.controller.signal,
+      headers: { "Content-Type": "application/json", Authorization: `Bearer ${store.key}` },
+      body: JSON.stringify({
+        model, messages: chat.messages, stream: true, stream_options: { include_usage: true },
+        max_tokens: Number($("#chat-max").value) || 128, temperature: Number($("#chat-temp").value),
+      }),
+    });
+    if (!resp.ok) {
+      let msg = `${resp.status}`;
+      try { msg = (await resp.json()).error.message; } catch { /* keep the status */ }
+      throw new Error(msg);
+    }
+    const node = resp.headers.get("X-Otela-Node"), provider = resp.headers.get("X-Otela-Provider");
+    const reader = resp.body.getReader();
+    const decoder = new TextDecoder();
+    let buf = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buf += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+      let end;
+      while ((end = buf.indexOf("\n\n")) >= 0) {
+        const event = buf.slice(0, end);
+        buf = buf.slice(end + 2);
+        const data = event.split("\n").filter((l) => l.startsWith("data:")).map((l) => l.slice(5).trim()).join("\n");
+        if (!data || data === "[DONE]") continue;
+        let obj;
+        try { obj = JSON.parse(data); } catch { continue; }
+        if (obj.error) throw new Error(obj.error.message);
+        if (obj.usage) usage = obj.usage;
+        for (const c of obj.choices || []) {
+          const piece = c.delta && c.delta.content;
+          if (piece) {
+            if (first === null) first = performance.now();
+            chunks += 1;
+            text += piece;
+            out.textContent = text;
+            $("#chat-log").scrollTop = $("#chat-log").scrollHeight;
+          }
+        }
+      }
+    }
+    chat.messages.push({ role: "assistant", content: text });
+    const secs = (performance.now() - (first || started)) / 1000;
+    const outTokens = usage ? usage.completion_tokens : chunks;
+    $("#chat-meta").textContent = `${model} · node ${short(node)} (provider ${provider || "?"}) · first token ${fmtMs(first ? first - started : null)}`
+      + ` · ${outTokens} tokens${secs > 0 ? `, ${(outTokens / secs).toFixed(1)} tokens/s` : ""}${usage ? ` · ${usage.prompt_tokens} prompt tokens` : ""}`;
+  } catch (e) {
+    chat.messages.pop();
+    if (e.name !== "AbortError") addMessage("error", `Request failed: ${e.message}`);
+  } finally {
+    out.classList.remove("streaming");
+    if (!text) out.remove();
+    chat.busy = false;
+    $("#chat-send").disabled = false;
+  }
+}
+$("#chat-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const prompt = $("#chat-input").value.trim();
+  if (!prompt || chat.busy) return;
+  $("#chat-input").value = "";
+  send(prompt);
+});
+$("#chat-input").addEventListener("keydown", (ev) => {
+  if (ev.key === "Enter" && !ev.shiftKey) { ev.preventDefault(); $("#chat-form").requestSubmit(); }
+});
+$("#chat-clear").addEventListener("click", () => {
+  if (chat.controller) chat.controller.abort();
+  chat.messages = [];
+  $("#chat-log").innerHTML = "";
+  $("#chat-meta").textContent = "";
+});
+
+// ---- keys -------------------------------------------------------------------------------------------------
+function limitsText(k) {
+  const parts = [];
+  if (k.budget_tokens != null) parts.push(`${fmtInt(k.budget_tokens)} tok/${k.budget_period}`);
+  if (k.budget_requests != null) parts.push(`${fmtInt(k.budget_requests)} req/${k.budget_period}`);
+  if (k.rpm_limit != null) parts.push(`${k.rpm_limit} rpm`);
+  if (k.tpm_limit != null) parts.push(`${fmtInt(k.tpm_limit)} tpm`);
+  if (k.allowed_models) parts.push(`models: ${k.allowed_models.join(", ")}`);
+  if (k.trusted_providers) parts.push(`providers: ${k.trusted_providers.join(", ")}`);
+  if (!k.log_content) parts.push("not in trace");
+  return parts.join(" · ") || "unlimited";
+}
+async function loadKeys() {
+  const me = store.key ? await checkKey() : null;
+  const mine = $("#my-key");
+  if (me) {
+    mine.classList.remove("hidden");
+    mine.innerHTML = `<h2>Your key</h2><p><span class="mono">${esc(me.prefix)}…</span> ${esc(me.name)}
+      <span class="badge ${esc(me.state)}">${esc(me.state)}</span></p><p class="hint">${esc(limitsText(me))}</p>`;
+  } else mine.classList.add("hidden");
+  if (!store.admin) { $("#admin-area").classList.add("hidden"); return; }
+  try {
+    const keys = (await api("/admin/keys", { token: store.admin })).data;
+    $("#admin-status").textContent = "Management unlocked for this browser tab.";
+    $("#admin-area").classList.remove("hidden");
+    $("#keys-table tbody").innerHTML = keys.map((k) => `
+      <tr class="key-row" data-id="${esc(k.id)}" data-name="${esc(k.name)}">
+        <td data-label="Name">${esc(k.name || "-")}</td><td data-label="Prefix" class="mono">${esc(k.prefix)}…</td>
+        <td data-label="State"><span class="badge ${esc(k.state)}">${esc(k.state)}</span></td>
+        <td data-label="Limits">${esc(limitsText(k))}</td><td data-label="Last used">${esc(ago(k.last_used_at))}</td>
+        <td class="row actions-cell">${k.state === "revoked" ? "" : `<button class="secondary rotate-btn">Rotate</button><button class="danger revoke-btn">Revoke</button>`}</td>
+      </tr>`).join("") || `<tr><td colspan="6" class="muted">No keys yet.</td></tr>`;
+  } catch (e) {
+    $("#admin-area").classList.add("hidden");
+    $("#admin-status").textContent = `Admin token refused: ${e.message}`;
+    $("#admin-status").style.color = "var(--bad)";
+  }
+}
+function showSecret(title, secret) {
+  const box = $("#new-secret");
+  box.classList.remove("hidden");
+  box.innerHTML = `<strong>${esc(title)}</strong><code id="new-secret-value">${esc(secret)}</code>
+    <div class="row"><button class="secondary" id="copy-secret">Copy</button><button class="ghost" id="use-secret">Use in this browser</button></div>
+    <p class="hint">This is the only time the secret is shown. Only its hash is stored.</p>`;
+  $("#copy-secret").addEventListener("click", () => navigator.clipboard && navigator.clipboard.writeText(secret));
+  $("#use-secret").addEventListener("click", () => { store.key = secret; checkKey(); refresh(); });
+}
+$("#admin-save").addEventListener("click", () => {
+  store.admin = $("#admin-token").value.trim();
+  $("#admin-token").value = "";
+  $("#admin-status").style.color = "";
+  loadKeys();
+});
+$("#create-key-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = new FormData(ev.target);
+  const num = (n) => (f.get(n) === "" || f.get(n) == null ? null : Number(f.get(n)));
+  const list = (n) => (f.get(n) ? f.get(n).split(",").map((s) => s.trim()).filter(Boolean) : null);
+  const body = {
+    name: f.get("name") || "", budget_tokens: num("budget_tokens"), budget_requests: num("budget_requests"),
+    budget_period: f.get("budget_period"), rpm_limit: num("rpm_limit"), tpm_limit: num("tpm_limit"),
+    allowed_models: list("allowed_models"), trusted_providers: list("trusted_providers"),
+    log_content: f.get("log_content") === "on",
+  };
+  if (num("expires_in_days")) body.expires_in_days = num("expires_in_days");
+  try {
+    const made = await api("/admin/keys", { token: store.admin, method: "POST", body });
+    showSecret(`Key ${made.key.prefix}… created${made.key.name ? ` for ${made.key.name}` : ""}`, made.secret);
+    ev.target.reset();
+    loadKeys();
+  } catch (e) {
+    showSecret("Could not create the key", e.message);
+  }
+});
+$("#keys-table").addEventListener("click", async (ev) => {
+  const row = ev.target.closest(".key-row");
+  if (!row) return;
+  const id = row.dataset.id;
+  if (ev.target.classList.contains("revoke-btn")) {
+    if (!confirm(`Revoke key ${row.dataset.name || id}? Requests with it fail from now on.`)) return;
+    await api(`/admin/keys/${id}/revoke`, { token: store.admin, method: "POST" });
+    loadKeys();
+  } else if (ev.target.classList.contains("rotate-btn")) {
+    const made = await api(`/admin/keys/${id}/rotate`, { token: store.admin, method: "POST" });
+    showSecret(`New secret for ${made.key.name || made.key.prefix}`, made.secret);
+    loadKeys();
+  }
+});
+
+// ---- usage ------------------------------------------------------------------------------------------------
+function chart(series, bucket, hours) {
+  const box = $("#usage-chart");
+  // Drawn at the box's own width, so labels keep their size on a phone.
+  const W = Math.max(300, box.clientWidth || 900), H = 220, L = 52, B = 26, T = 10;
+  const now = Date.now() / 1000;
+  const start = Math.floor((now - hours * 3600) / bucket) * bucket;
+  const n = Math.max(1, Math.ceil((now - start) / bucket));
+  const byT = Object.fromEntries(series.map((p) => [p.t, p]));
+  const pts = Array.from({ length: n }, (_, i) => byT[start + i * bucket] || { t: start + i * bucket, input_tokens: 0, output_tokens: 0 });
+  const max = Math.max(1, ...pts.map((p) => p.input_tokens + p.output_tokens));
+  const bw = (W - L - 8) / n;
+  const y = (v) => H - B - (v / max) * (H - B - T);
+  const label = (t) => {
+    const d = new Date(t * 1000);
+    return bucket >= 86400 ? d.toISOString().slice(5, 10) : d.toTimeString().slice(0, 5);
+  };
+  const every = Math.max(1, Math.ceil(n / Math.max(3, Math.floor(W / 110))));
+  let bars = "";
+  pts.forEach((p, i) => {
+    const x = L + i * bw + bw * 0.12, w = Math.max(1, bw * 0.76);
+    const total = p.input_tokens + p.output_tokens;
+    if (total) {
+      bars += `<rect x="${x}" y="${y(total)}" width="${w}" height="${y(p.output_tokens) - y(total)}" fill="var(--in)"><title>${label(p.t)}: ${p.input_tokens} input tokens</title></rect>`;
+      bars += `<rect x="${x}" y="${y(p.output_tokens)}" width="${w}" height="${H - B - y(p.output_tokens)}" fill="var(--out)"><title>${label(p.t)}: ${p.output_tokens} output tokens</title></rect>`;
+    }
+    if (i % every === 0) bars += `<text x="${x + w / 2}" y="${H - 8}" text-anchor="middle">${label(p.t)}</text>`;
+  });
+  const ticks = [0, 0.5, 1].map((f) => `<line class="axis" x1="${L}" x2="${W - 4}" y1="${y(max * f)}" y2="${y(max * f)}"/>
+    <text x="${L - 6}" y="${y(max * f) + 4}" text-anchor="end">${fmtInt(Math.round(max * f))}</text>`).join("");
+  box.innerHTML = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="tokens over time">${ticks}${bars}</svg>
+    <div class="legend"><span><i style="background:var(--in)"></i>input tokens</span><span><i style="background:var(--out)"></i>output tokens</span></div>`;
+}
+async function loadUsage() {
+  const hours = Number($("#usage-hours").value);
+  let series, bucket, rows, scope;
+  try {
+    if (store.admin) {
+      const [s, r] = await Promise.all([
+        api(`/admin/usage/series?hours=${hours}`, { token: store.admin }),
+        api(`/admin/usage/rows?limit=50`, { token: store.admin }),
+      ]);
+      series = s.data; bucket = s.bucket_s; rows = r.data; scope = "all keys (admin)";
+    } else if (store.key) {
+      const u = await api(`/v1/usage?hours=${hours}&limit=50`, { token: store.key });
+      series = u.series; bucket = u.bucket_s; rows = u.rows; scope = `key ${u.key.prefix}…`;
+    } else {
+      $("#usage-scope").textContent = "";
+      $("#usage-stats").innerHTML = `<p class="muted">Paste your API key above (or unlock management in Keys) to see usage.</p>`;
+      $("#usage-chart").innerHTML = ""; $("#usage-rows tbody").innerHTML = "";
+      return;
+    }
+  } catch (e) {
+    $("#usage-stats").innerHTML = `<p class="msg error">Cannot read usage: ${esc(e.message)}</p>`;
+    return;
+  }
+  $("#usage-scope").textContent = scope;
+  const sum = (f) => series.reduce((a, p) => a + p[f], 0);
+  $("#usage-stats").innerHTML = [["requests", sum("requests")], ["input tokens", sum("input_tokens")],
+    ["output tokens", sum("output_tokens")]].map(([l, v]) => `<div class="stat"><div class="v">${fmtInt(v)}</div><div class="l">${l}</div></div>`).join("");
+  chart(series, bucket, hours);
+  $("#usage-rows tbody").innerHTML = rows.map((r) => `<tr>
+      <td data-label="When">${esc(ago(r.started_at))}</td><td data-label="Model">${esc(r.model)}${r.stream ? ' <span class="muted">stream</span>' : ""}</td>
+      <td data-label="Status"><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
+      <td data-label="In">${fmtInt(r.input_tokens)}${r.tokens_estimated ? "*" : ""}</td><td data-label="Out">${fmtInt(r.output_tokens)}${r.tokens_estimated ? "*" : ""}</td>
+      <td data-label="TTFT">${fmtMs(r.ttft_ms)}</td><td data-label="Latency">${fmtMs(r.latency_ms)}</td><td data-label="Node" class="mono">${esc(short(r.node))}</td></tr>`).join("")
+    || `<tr><td colspan="8" class="muted">No requests yet.</td></tr>`;
+}
+$("#usage-hours").addEventListener("change", loadUsage);
+
+// ---- refresh loop -----------------------------------------------------------------------------------------
+async function refresh() {
+  loadHealth();
+  if (current === "models" || current === "playground") await loadModels();
+  if (current === "nodes") await loadNodes();
+  if (current === "keys") await loadKeys();
+  if (current === "usage") await loadUsage();
+}
+api("/api/info").then((i) => { $("#footer-info").textContent = `ingress ${i.ingress} · ${i.database}`; }).catch(() => {});
+checkKey();
+const firstTab = (location.hash || "").slice(1);
+show(document.getElementById(`view-${firstTab}`) ? firstTab : "models");
+setInterval(() => { if (!document.hidden && current !== "keys" && !chat.busy) refresh(); }, 5000);

@@ -1,0 +1,320 @@
+"""The usage ledger: admission (limits checked and a pending row written in one transaction), completion,
+crash reconciliation, aggregates and the anonymized trace export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import case, func, insert, or_, select, update
+
+from opentela.frontend.db import Database
+from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
+from opentela.frontend.schema import ApiKey, UsageRow
+
+logger = logging.getLogger(__name__)
+
+TRACE_COLUMNS = ("timestamp", "model", "input_tokens", "output_tokens", "sampling_params")
+
+
+def utc_day(ts: float) -> str:
+    """YYYY-MM-DD of a timestamp in UTC."""
+    return time.strftime("%Y-%m-%d", time.gmtime(ts))
+
+
+def limits_of(key: ApiKey) -> Limits:
+    """The limits stored on a key."""
+    return Limits(key.rpm_limit, key.tpm_limit, key.budget_tokens, key.budget_requests, key.budget_period)
+
+
+@dataclass
+class Admission:
+    """An admitted request: its usage row id and what is already known about it."""
+
+    row_id: str
+    request_id: str
+    key_id: str
+    model: str
+    started_at: float
+    input_estimate: int
+    limit_headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """How a forwarded request ended."""
+
+    status: str  # ok, error, cancelled
+    http_status: int | None = None
+    provider: str | None = None
+    node: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    tokens_estimated: bool = False
+    ttft_ms: float | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def remaining_headers(key: ApiKey, used: Consumption, input_estimate: int) -> dict[str, str]:
+    """What is left of each limit after this request was admitted, in OpenAI's x-ratelimit-* style."""
+    out: dict[str, str] = {}
+    if key.rpm_limit is not None:
+        out["x-ratelimit-limit-requests"] = str(key.rpm_limit)
+        out["x-ratelimit-remaining-requests"] = str(max(0, key.rpm_limit - used.minute_requests - 1))
+    if key.tpm_limit is not None:
+        out["x-ratelimit-limit-tokens"] = str(key.tpm_limit)
+        out["x-ratelimit-remaining-tokens"] = str(max(0, key.tpm_limit - used.minute_tokens - input_estimate))
+    if key.budget_requests is not None:
+        out["x-otela-budget-remaining-requests"] = str(max(0, key.budget_requests - used.period_requests - 1))
+    if key.budget_tokens is not None:
+        out["x-otela-budget-remaining-tokens"] = str(max(0, key.budget_tokens - used.period_tokens))
+    return out
+
+
+class UsageLedger:
+    """Reads and writes usage rows."""
+
+    def __init__(self, db: Database, instance: str) -> None:
+        self.db, self.instance = db, instance
+
+    async def consumption(self, key: ApiKey, now: float, s: Any) -> Consumption:
+        """What `key` used in the rate window and in its budget period (within session `s`)."""
+        tokens = func.coalesce(func.sum(UsageRow.input_tokens + UsageRow.output_tokens), 0)
+        since = now - RATE_WINDOW_S
+        m_req, m_tok, oldest = (
+            await s.execute(
+                select(func.count(), tokens, func.min(UsageRow.started_at)).where(
+                    UsageRow.key_id == key.id, UsageRow.started_at > since
+                )
+            )
+        ).one()
+        p_req = p_tok = 0
+        if key.budget_tokens is not None or key.budget_requests is not None:
+            start = period_start(key.budget_period, now)
+            p_req, p_tok = (
+                await s.execute(
+                    select(func.count(), tokens).where(
+                        UsageRow.key_id == key.id, UsageRow.started_at >= start
+                    )
+                )
+            ).one()
+        return Consumption(int(m_req), int(m_tok), oldest, int(p_req), int(p_tok))
+
+    async def admit(
+        self,
+        key: ApiKey,
+        *,
+        request_id: str,
+        endpoint: str,
+        model: str,
+        stream: bool,
+        input_estimate: int,
+        sampling: dict[str, Any] | None,
+    ) -> Admission:
+        """Check the key's limits and write its pending usage row in one transaction, or raise 429/402.
+
+        The first statement updates the key's row, which takes a lock on it (a row lock on PostgreSQL, the write
+        lock on SQLite): concurrent admissions of one key, from any replica, are serialized, so two requests cannot
+        both squeeze under the same limit.
+        """
+        now = time.time()
+        row_id = uuid.uuid4().hex
+        async with self.db.session() as s, s.begin():
+            await s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+            used = await self.consumption(key, now, s)
+            refusal = check(limits_of(key), used, now)
+            if refusal is not None:
+                raise refusal_error(refusal, now)
+            await s.execute(
+                insert(UsageRow).values(
+                    id=row_id,
+                    request_id=request_id,
+                    key_id=key.id,
+                    instance=self.instance,
+                    endpoint=endpoint,
+                    model=model,
+                    stream=stream,
+                    status="pending",
+                    input_tokens=input_estimate,
+                    output_tokens=0,
+                    tokens_estimated=True,
+                    started_at=now,
+                    day=utc_day(now),
+                    sampling=sampling,
+                )
+            )
+        return Admission(
+            row_id,
+            request_id,
+            key.id,
+            model,
+            now,
+            input_estimate,
+            remaining_headers(key, used, input_estimate),
+        )
+
+    async def checkpoint(
+        self, admission: Admission, output_tokens: int, provider: str | None, node: str | None
+    ) -> None:
+        """Record progress of a long stream, so an interrupted one keeps what was already delivered."""
+        async with self.db.session() as s, s.begin():
+            await s.execute(
+                update(UsageRow)
+                .where(UsageRow.id == admission.row_id, UsageRow.status == "pending")
+                .values(output_tokens=output_tokens, provider=provider, node=node)
+            )
+
+    async def complete(self, admission: Admission, outcome: Outcome) -> None:
+        """Finish the row; called before the last byte of the response goes to the client."""
+        now = time.time()
+        async with self.db.session() as s, s.begin():
+            await s.execute(
+                update(UsageRow)
+                .where(UsageRow.id == admission.row_id)
+                .values(
+                    status=outcome.status,
+                    http_status=outcome.http_status,
+                    provider=outcome.provider,
+                    node=outcome.node,
+                    input_tokens=outcome.input_tokens,
+                    output_tokens=outcome.output_tokens,
+                    tokens_estimated=outcome.tokens_estimated,
+                    finished_at=now,
+                    latency_ms=round((now - admission.started_at) * 1000, 3),
+                    ttft_ms=outcome.ttft_ms,
+                    error=outcome.error,
+                )
+            )
+
+    async def reconcile(self, stale_after: float) -> int:
+        """Mark pending rows left by a crash as interrupted: this replica's own, and any replica's stale ones."""
+        now = time.time()
+        async with self.db.session() as s, s.begin():
+            result = await s.execute(
+                update(UsageRow)
+                .where(
+                    UsageRow.status == "pending",
+                    or_(UsageRow.instance == self.instance, UsageRow.started_at < now - stale_after),
+                )
+                .values(
+                    status="interrupted",
+                    finished_at=now,
+                    error="the frontend stopped before this request completed; tokens are what was known then",
+                )
+            )
+        count = result.rowcount or 0
+        if count:
+            logger.warning("marked %d pending usage rows interrupted after a restart", count)
+        return count
+
+    async def rows(
+        self, *, key_id: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[UsageRow]:
+        """Newest rows first."""
+        q = select(UsageRow).order_by(UsageRow.started_at.desc()).limit(limit)
+        if key_id is not None:
+            q = q.where(UsageRow.key_id == key_id)
+        if since is not None:
+            q = q.where(UsageRow.started_at >= since)
+        async with self.db.session() as s:
+            return list((await s.scalars(q)).all())
+
+    async def aggregates(
+        self, *, key_id: str | None = None, since_day: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Requests and tokens per key, model and UTC day."""
+        q = (
+            select(
+                UsageRow.key_id,
+                UsageRow.model,
+                UsageRow.day,
+                func.count(),
+                func.coalesce(func.sum(UsageRow.input_tokens), 0),
+                func.coalesce(func.sum(UsageRow.output_tokens), 0),
+                func.coalesce(func.sum(case((UsageRow.status != "ok", 1), else_=0)), 0),
+            )
+            .group_by(UsageRow.key_id, UsageRow.model, UsageRow.day)
+            .order_by(UsageRow.day, UsageRow.key_id, UsageRow.model)
+        )
+        if key_id is not None:
+            q = q.where(UsageRow.key_id == key_id)
+        if since_day is not None:
+            q = q.where(UsageRow.day >= since_day)
+        async with self.db.session() as s:
+            result = await s.execute(q)
+            return [
+                {
+                    "key_id": k,
+                    "model": m,
+                    "day": d,
+                    "requests": int(n),
+                    "input_tokens": int(i),
+                    "output_tokens": int(o),
+                    "failed": int(f),
+                }
+                for k, m, d, n, i, o, f in result.all()
+            ]
+
+    async def series(self, *, key_id: str | None, since: float, bucket_s: int) -> list[dict[str, Any]]:
+        """Tokens and requests per time bucket since `since` (for the dashboard's chart)."""
+        q = select(UsageRow.started_at, UsageRow.input_tokens, UsageRow.output_tokens).where(
+            UsageRow.started_at >= since
+        )
+        if key_id is not None:
+            q = q.where(UsageRow.key_id == key_id)
+        buckets: dict[int, list[int]] = {}
+        async with self.db.session() as s:
+            for started, inp, out in (await s.execute(q)).all():
+                b = buckets.setdefault(int(started // bucket_s) * bucket_s, [0, 0, 0])
+                b[0] += 1
+                b[1] += inp
+                b[2] += out
+        return [
+            {"t": t, "requests": n, "input_tokens": i, "output_tokens": o}
+            for t, (n, i, o) in sorted(buckets.items())
+        ]
+
+    async def export_trace(
+        self, *, since: float | None = None, until: float | None = None
+    ) -> AsyncIterator[str]:
+        """CSV in the anonymized trace schema: completed requests of keys that did not opt out; no content, no key."""
+        q = (
+            select(
+                UsageRow.started_at,
+                UsageRow.model,
+                UsageRow.input_tokens,
+                UsageRow.output_tokens,
+                UsageRow.sampling,
+            )
+            .join(ApiKey, ApiKey.id == UsageRow.key_id)
+            .where(UsageRow.status == "ok", ApiKey.log_content.is_(True))
+            .order_by(UsageRow.started_at)
+        )
+        if since is not None:
+            q = q.where(UsageRow.started_at >= since)
+        if until is not None:
+            q = q.where(UsageRow.started_at < until)
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(TRACE_COLUMNS)
+        async with self.db.session() as s:
+            result = await s.stream(q.execution_options(yield_per=500))
+            async for started, model, inp, outp, sampling in result:
+                stamp = (
+                    time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started))
+                    + f".{int(started % 1 * 1000):03d}Z"
+                )
+                writer.writerow([stamp, model, inp, outp, json.dumps(sampling or {}, sort_keys=True)])
+                if out.tell() > 64 * 1024:
+                    yield out.getvalue()
+                    out.seek(0)
+                    out.truncate()
+        yield out.getvalue()

@@ -1,0 +1,257 @@
+"""The `otela simulate` and `otela plan` commands: flags, runs, and their Rich tables or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from opentela.errors import ConfigError
+from opentela.scheduler.hardware import load_catalog
+from opentela.scheduler.models import load_model
+from opentela.scheduler.placement import Cluster, Plan, Problem, check_plan, get_policy, simulate_plan
+from opentela.scheduler.roofline import Precision
+from opentela.scheduler.simulator import EngineLimits, ReplicaSpec, simulate
+from opentela.scheduler.tables import SimSettings, TableBuilder
+from opentela.scheduler.workload import LengthDist, Trace, Workload, load_trace, load_workloads, poisson_trace
+
+
+def _length(text: str) -> LengthDist:
+    try:
+        mean, _, std = text.partition(":")
+        return LengthDist(float(mean), float(std or 0.0))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MEAN or MEAN:STD, got {text!r}") from None
+
+
+def _add_engine_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--hardware", metavar="FILE", help="extra hardware catalog (YAML, same format as the shipped one)"
+    )
+    p.add_argument(
+        "--weights", default="fp16", help="weight format: fp16, bf16, fp8, int8, int4, q4_1 (default fp16)"
+    )
+    p.add_argument("--kv-dtype", default="fp16", help="KV-cache format: fp16, fp8, int8 (default fp16)")
+    p.add_argument("--max-seqs", type=int, default=256, help="sequences per batch (default 256)")
+    p.add_argument("--max-batched-tokens", type=int, default=8192, help="new tokens per step (default 8192)")
+    p.add_argument("--mem-util", type=float, default=0.9, help="share of device memory the engine uses (0.9)")
+    p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic trace")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `otela simulate`."""
+    p.add_argument("--model", required=True, help="shipped model name or a config.json path")
+    p.add_argument("--gpu", required=True, metavar="DEVICE", help="device type from the hardware catalog")
+    p.add_argument("--tp", type=int, default=1, help="tensor parallelism per replica (default 1)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas behind the router (default 1)")
+    p.add_argument("--rate", type=float, default=1.0, help="Poisson arrival rate, requests/s (default 1)")
+    p.add_argument(
+        "--input", type=_length, default=LengthDist(512.0), metavar="MEAN[:STD]", help="prompt tokens"
+    )
+    p.add_argument(
+        "--output", type=_length, default=LengthDist(256.0), metavar="MEAN[:STD]", help="output tokens"
+    )
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
+    p.add_argument("--burst", type=int, metavar="N", help="instead of Poisson arrivals: N requests at time 0")
+    p.add_argument("--trace", metavar="FILE", help="replay a trace (CSV or JSONL: arrival,input,output)")
+    _add_engine_flags(p)
+
+
+def add_plan_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of `otela plan`."""
+    p.add_argument("--cluster", required=True, metavar="FILE", help="YAML: devices: {TYPE: COUNT}")
+    p.add_argument(
+        "--workload", required=True, metavar="FILE", help="YAML: models: [{model, rate, input, output}]"
+    )
+    p.add_argument("--policy", default="cpsat", help="placement policy name or package.module:Class (cpsat)")
+    p.add_argument("--baseline", default="memp", help="policy to compare with, or 'none' (default memp)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds for the solver (default 60)")
+    p.add_argument("--shares", type=int, default=20, help="traffic split granularity K (default 20)")
+    p.add_argument("--sim-duration", type=float, default=20.0, help="seconds of traffic per evaluation (20)")
+    p.add_argument("--table-points", type=int, default=20, help="simulated rates per latency table (20)")
+    _add_engine_flags(p)
+
+
+def _limits(ns: argparse.Namespace) -> EngineLimits:
+    if ns.max_seqs < 1 or ns.max_batched_tokens < 1 or not 0 < ns.mem_util <= 1:
+        raise ConfigError("--max-seqs and --max-batched-tokens must be positive and --mem-util in (0, 1]")
+    return EngineLimits(ns.max_seqs, ns.max_batched_tokens, ns.mem_util)
+
+
+def simulate_command(ns: argparse.Namespace) -> dict[str, Any]:
+    """Run `otela simulate`; returns the JSON document it prints."""
+    device = load_catalog(ns.hardware)[ns.gpu]
+    model = load_model(ns.model)
+    spec = ReplicaSpec(model, device, ns.tp, Precision(ns.weights, ns.kv_dtype), _limits(ns))
+    spec.check()
+    if ns.dp < 1 or ns.rate <= 0:
+        raise ConfigError("--dp must be at least 1 and --rate positive")
+    rng = np.random.default_rng(ns.seed)
+    if ns.trace:
+        trace = load_trace(ns.trace)
+        trace = Trace(trace.arrival, trace.input_len, trace.output_len, trace.model * 0)
+    elif ns.burst:
+        inp, out = ns.input.sample(rng, ns.burst), ns.output.sample(rng, ns.burst)
+        trace = Trace(np.zeros(ns.burst), inp, out, np.zeros(ns.burst, dtype=np.int64))
+    else:
+        trace = poisson_trace([Workload(model.name, ns.rate, ns.input, ns.output)], ns.duration, rng)
+    started = time.perf_counter()
+    result = simulate([spec] * ns.dp, trace)
+    return {
+        "model": model.name,
+        "device": device.name,
+        "tp": ns.tp,
+        "dp": ns.dp,
+        "kv_capacity_tokens_per_replica": spec.kv_capacity_tokens,
+        "metrics": result.metrics(),
+        "simulated_steps": result.steps,
+        "wall_seconds": round(time.perf_counter() - started, 4),
+    }
+
+
+def _fmt(v: float, unit: str = "s") -> str:
+    if not math.isfinite(v):
+        return "-"
+    return f"{v * 1000:.1f} ms" if unit == "s" and v < 1 else f"{v:.2f} {unit}".strip()
+
+
+def print_simulation(doc: dict[str, Any], console: Console) -> None:
+    """The simulate result as a table."""
+    m = doc["metrics"]
+    table = Table(title=f"{doc['model']} on {doc['dp']} x {doc['tp']} x {doc['device']}")
+    table.add_column("metric")
+    for col in ("mean", "p50", "p90", "p99"):
+        table.add_column(col, justify="right")
+    for name in ("ttft", "tpot", "e2e"):
+        table.add_row(name.upper(), *(_fmt(m[f"{name}_{c}"]) for c in ("mean", "p50", "p90", "p99")))
+    console.print(table)
+    console.print(
+        f"throughput {m['throughput_rps']:.2f} req/s, {m['throughput_tps']:.0f} output tok/s over the run, "
+        f"{m['window_tps']:.0f} tok/s while arrivals last (offered {m['offered_tps']:.0f}); "
+        f"{int(m['completed'])}/{int(m['requests'])} completed, {int(m['preemptions'])} preemptions, "
+        f"{int(m['rejected'])} rejected; KV room {doc['kv_capacity_tokens_per_replica']} tokens per replica"
+    )
+
+
+@contextmanager
+def _progress(enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("preparing", total=1.0)
+
+        def update(description: str, fraction: float) -> None:
+            bar.update(task, description=description, completed=fraction)
+
+        yield update
+
+
+def plan_command(ns: argparse.Namespace, show_progress: bool = True) -> dict[str, Any]:
+    """Run `otela plan`; returns the JSON document it prints."""
+    cluster = Cluster.load(ns.cluster, ns.hardware)
+    workloads = load_workloads(ns.workload)
+    if ns.table_points < 2:
+        raise ConfigError("--table-points must be at least 2")
+    settings = SimSettings(horizon_s=ns.sim_duration, rate_points=ns.table_points, seed=ns.seed)
+    builder = TableBuilder(_limits(ns), Precision(ns.weights, ns.kv_dtype), settings)
+    problem = Problem(cluster, workloads, builder, shares=ns.shares, time_limit_s=ns.time_limit)
+    plans: list[Plan] = []
+    names = [ns.policy] + ([] if ns.baseline in ("", "none") else [ns.baseline])
+    with _progress(show_progress) as progress:
+        for name in names:
+            plan = get_policy(name).place(problem, progress)
+            violations = check_plan(problem, plan)
+            if violations:
+                raise ConfigError(f"policy {name} returned an invalid plan: {'; '.join(violations)}")
+            plans.append(plan)
+    doc: dict[str, Any] = {
+        "cluster": dict(cluster.devices),
+        "workload": [
+            {"model": w.model, "rate": w.rate, "input_mean": w.input.mean, "output_mean": w.output.mean}
+            for w in workloads
+        ],
+        "simulator_evaluations": builder.evaluations,
+        "evaluations_per_minute": round(builder.evaluations_per_minute),
+        "plans": [],
+    }
+    for plan in plans:
+        entry = plan.as_dict()
+        entry["simulated"] = simulate_plan(problem, plan, duration=ns.sim_duration, seed=ns.seed + 1)
+        doc["plans"].append(entry)
+    return doc
+
+
+def print_plan(doc: dict[str, Any], console: Console) -> None:
+    """Placement, predicted and simulated metrics of each plan as tables."""
+    devices = list(doc["cluster"])
+    alloc = Table(title="Placement (devices per model and type; groups as DP x TP)")
+    alloc.add_column("model")
+    for plan in doc["plans"]:
+        alloc.add_column(plan["policy"])
+    for w in doc["workload"]:
+        row = [f"{w['model']} ({w['rate']:g} req/s)"]
+        for plan in doc["plans"]:
+            cells = [
+                f"{g['dp']}x{g['tp']} {g['device']} ({g['share']:.0%})"
+                for g in plan["groups"]
+                if g["model"] == w["model"]
+            ]
+            row.append("\n".join(cells) or "-")
+        alloc.add_row(*row)
+    console.print(alloc)
+    perf = Table(title="Predicted (latency tables) and simulated (whole cluster) performance")
+    perf.add_column("policy")
+    perf.add_column("predicted mean E2E", justify="right")
+    for col in ("mean E2E", "p99 E2E", "mean TTFT", "mean TPOT", "tok/s served / offered"):
+        perf.add_column(col, justify="right")
+    perf.add_column("devices used", justify="right")
+    for plan in doc["plans"]:
+        s = plan["simulated"]["overall"]
+        used = sum(sum(row.values()) for row in plan["allocation"].values())
+        perf.add_row(
+            f"{plan['policy']} ({plan['status']}, {plan['solve_seconds']:.1f} s)",
+            _fmt(plan["predicted_mean_e2e_s"]),
+            _fmt(s["e2e_mean"]),
+            _fmt(s["e2e_p99"]),
+            _fmt(s["ttft_mean"]),
+            _fmt(s["tpot_mean"]),
+            f"{s['window_tps']:,.0f} / {s['offered_tps']:,.0f}",
+            f"{used}/{sum(doc['cluster'][d] for d in devices)}",
+        )
+    console.print(perf)
+    console.print(
+        f"{doc['simulator_evaluations']} simulator evaluations, {doc['evaluations_per_minute']:,} per minute"
+    )
+
+
+def run(ns: argparse.Namespace) -> int:
+    """Dispatch `simulate` or `plan` from parsed flags and print the result."""
+    console = Console()
+    if ns.cmd == "simulate":
+        doc = simulate_command(ns)
+        printer = print_simulation
+    else:
+        doc = plan_command(ns, show_progress=not ns.json)
+        printer = print_plan
+    if ns.json:
+        print(json.dumps(doc, indent=2, default=float))
+    else:
+        printer(doc, console)
+    return 0

@@ -1,0 +1,201 @@
+"""The fleet controller's catalog file: models to keep served, how nodes start them, their expected traffic."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from opentela.errors import ConfigError
+from opentela.scheduler.controller import ControllerConfig
+from opentela.scheduler.hardware import HardwareCatalog, load_catalog
+from opentela.scheduler.models import load_model
+from opentela.scheduler.tables import SimSettings
+from opentela.scheduler.workload import LengthDist, Workload
+
+_MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload"}
+_WORKLOAD_KEYS = {"rate", "input", "output", "observe"}
+_PLANNING_KEYS = {
+    "policy",
+    "interval_s",
+    "assign_timeout_s",
+    "time_limit_s",
+    "table_points",
+    "sim_duration_s",
+    "scale_out",
+    "hardware",
+}
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """One model of the catalog: the id nodes serve it as, its scheduler config, how to start it, its traffic."""
+
+    id: str
+    config: str
+    launch: Mapping[str, Any]
+    """``command`` (a template) or ``engine`` with ``options``: merged into the assign message."""
+    workload: Workload
+    """Declared traffic; `workload.model` is `config`, the name the placement knows the model by."""
+    observe: bool = True
+    """Use the ingress's observed request rate instead of the declared one once there is traffic."""
+
+
+@dataclass(frozen=True)
+class FleetCatalog:
+    """Everything `otela controller` reads from its catalog file."""
+
+    models: Sequence[CatalogModel]
+    policy: str = "cpsat"
+    interval_s: float = 30.0
+    assign_timeout_s: float = 600.0
+    time_limit_s: float = 60.0
+    table_points: int = 8
+    sim_duration_s: float = 10.0
+    scale_out: bool = True
+    hardware: HardwareCatalog | None = field(default=None, repr=False)
+
+    def controller_config(self, interval_s: float | None = None) -> ControllerConfig:
+        """The controller's settings for these models (`interval_s` overrides the file's)."""
+        return ControllerConfig(
+            workloads=[m.workload for m in self.models],
+            engine="",
+            policy=self.policy,
+            interval_s=self.interval_s if interval_s is None else interval_s,
+            assign_timeout_s=self.assign_timeout_s,
+            time_limit_s=self.time_limit_s,
+            settings=SimSettings(
+                horizon_s=self.sim_duration_s,
+                min_requests=60,
+                max_requests=600,
+                rate_points=self.table_points,
+            ),
+            served_as={m.config: m.id for m in self.models},
+            launch={m.config: m.launch for m in self.models},
+            scale_out=self.scale_out,
+        )
+
+
+def _number(raw: Mapping[str, Any], key: str, where: str, default: float, positive: bool = True) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}: {key} must be positive, got {value!r}")
+    return float(value)
+
+
+def _model(raw: Any, where: str, base: Path) -> CatalogModel:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping with id, command (or engine) and workload")
+    unknown = set(raw) - _MODEL_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}; known: {sorted(_MODEL_KEYS)}")
+    model_id = raw.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise ConfigError(f"{where}: 'id' (the model id nodes serve and clients request) is required")
+    config = str(raw.get("config") or model_id)
+    if (base / config).exists():
+        config = str(base / config)  # a config.json path relative to the catalog file
+    try:
+        load_model(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: config {config!r}: {exc}") from None
+    command, engine = raw.get("command"), raw.get("engine")
+    if (command is None) == (engine is None):
+        raise ConfigError(f"{where}: give either 'command' (a template) or 'engine' (an adapter name)")
+    if command is not None:
+        if not (
+            isinstance(command, str)
+            or (isinstance(command, list) and all(isinstance(a, str) for a in command))
+        ):
+            raise ConfigError(f"{where}: 'command' must be a string or a list of strings")
+        launch: dict[str, Any] = {"command": command}
+    else:
+        options = raw.get("options", {})
+        if not isinstance(engine, str) or not isinstance(options, Mapping):
+            raise ConfigError(f"{where}: 'engine' must be a name and 'options' a mapping")
+        launch = {"engine": engine, "options": dict(options)}
+    workload = raw.get("workload")
+    if not isinstance(workload, Mapping) or "rate" not in workload:
+        raise ConfigError(f"{where}: 'workload' needs at least a rate (requests per second)")
+    unknown = set(workload) - _WORKLOAD_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}.workload: unknown fields {sorted(unknown)}; known: {sorted(_WORKLOAD_KEYS)}"
+        )
+    rate = _number(workload, "rate", f"{where}.workload", 0.0, positive=False)
+    if rate < 0:
+        raise ConfigError(f"{where}.workload: rate must be >= 0")
+    return CatalogModel(
+        id=model_id,
+        config=config,
+        launch=launch,
+        workload=Workload(
+            config,
+            rate,
+            LengthDist.parse(workload.get("input", 512), f"{where}.workload.input"),
+            LengthDist.parse(workload.get("output", 256), f"{where}.workload.output"),
+        ),
+        observe=bool(workload.get("observe", True)),
+    )
+
+
+def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = None) -> FleetCatalog:
+    """A catalog from its parsed YAML: ``models: [...]`` and an optional ``planning:`` section."""
+    base = base or Path.cwd()
+    if not isinstance(raw, Mapping) or not isinstance(raw.get("models"), list) or not raw["models"]:
+        raise ConfigError(f"{where}: expected a non-empty list under 'models'")
+    unknown = set(raw) - {"models", "planning"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown sections {sorted(unknown)}; known: models, planning")
+    models = [_model(m, f"{where}: models[{i}]", base) for i, m in enumerate(raw["models"])]
+    for key in ("id", "config"):
+        seen: set[str] = set()
+        for m in models:
+            if getattr(m, key) in seen:
+                raise ConfigError(
+                    f"{where}: two models share the {key} {getattr(m, key)!r}"
+                    + ("; give each its own config.json" if key == "config" else "")
+                )
+            seen.add(getattr(m, key))
+    planning = raw.get("planning") or {}
+    if not isinstance(planning, Mapping):
+        raise ConfigError(f"{where}: 'planning' must be a mapping")
+    unknown = set(planning) - _PLANNING_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}: planning: unknown fields {sorted(unknown)}; known: {sorted(_PLANNING_KEYS)}"
+        )
+    p = f"{where}: planning"
+    hardware = None
+    if planning.get("hardware"):
+        path = base / str(planning["hardware"])
+        try:
+            hardware = load_catalog(path)
+        except OSError as exc:
+            raise ConfigError(f"{p}: cannot read hardware file {path}: {exc}") from None
+    return FleetCatalog(
+        models=models,
+        policy=str(planning.get("policy", "cpsat")),
+        interval_s=_number(planning, "interval_s", p, 30.0),
+        assign_timeout_s=_number(planning, "assign_timeout_s", p, 600.0),
+        time_limit_s=_number(planning, "time_limit_s", p, 60.0),
+        table_points=int(_number(planning, "table_points", p, 8)),
+        sim_duration_s=_number(planning, "sim_duration_s", p, 10.0),
+        scale_out=bool(planning.get("scale_out", True)),
+        hardware=hardware,
+    )
+
+
+def load_fleet_catalog(path: str | Path) -> FleetCatalog:
+    """Read and check a catalog file (YAML or JSON)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read catalog {path}: {exc}") from None
+    return parse_fleet_catalog(raw, str(path), path.parent)

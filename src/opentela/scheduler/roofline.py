@@ -1,0 +1,292 @@
+"""Stage 1 of the simulator: the operators of a decoder step and their roofline time on a device."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from opentela.errors import ConfigError
+from opentela.scheduler.hardware import Device
+from opentela.scheduler.models import BYTES_PER_ELEMENT, ModelSpec
+
+ALLREDUCE_LATENCY_S = 5e-6
+"""Fixed cost of one ring all-reduce hop (launch and synchronisation)."""
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Storage formats of weights, KV cache and activations."""
+
+    weights: str = "fp16"
+    kv_cache: str = "fp16"
+    activations: str = "fp16"
+
+    def __post_init__(self) -> None:
+        for value in (self.weights, self.kv_cache, self.activations):
+            if value not in BYTES_PER_ELEMENT:
+                raise ConfigError(f"unknown dtype {value!r}; known: {', '.join(BYTES_PER_ELEMENT)}")
+
+    @property
+    def compute(self) -> str:
+        """The dtype the matrix units run linear layers in (W8A8 formats use their own rate)."""
+        if self.weights in ("fp8", "int8"):
+            return self.weights
+        if self.weights in ("q4_1", "q8_0"):
+            return "int8"  # llama.cpp quantises activations to 8 bits and runs integer dot products
+        return self.activations if self.activations in ("fp16", "bf16", "fp32") else "fp16"
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator instance: operations and bytes moved on ONE device of the tensor-parallel group."""
+
+    name: str
+    flops: float
+    bytes: float
+    dtype: str = "fp16"
+    comm_bytes: float = 0.0
+    """Bytes each device sends over the interconnect (all-reduce), timed on the link, not on memory."""
+
+    def time(self, device: Device, tp: int = 1) -> float:
+        """Roofline time: the slower of compute and memory traffic, plus any interconnect transfer."""
+        if self.comm_bytes:
+            return allreduce_time(self.comm_bytes, device, tp)
+        return max(self.flops / device.peak(self.dtype), self.bytes / device.bandwidth)
+
+
+def allreduce_time(nbytes: float, device: Device, tp: int) -> float:
+    """Ring all-reduce of `nbytes` per device across `tp` devices of a node."""
+    if tp <= 1:
+        return 0.0
+    if device.link_bandwidth <= 0:
+        raise ConfigError(f"{device.name} has no interconnect for tensor parallelism")
+    return 2 * (tp - 1) / tp * nbytes / device.link_bandwidth + 2 * (tp - 1) * ALLREDUCE_LATENCY_S
+
+
+def _split(heads: int, tp: int) -> float:
+    # KV heads are replicated when there are fewer than tp of them.
+    return max(heads / tp, 1.0)
+
+
+def _linear(name: str, tokens: float, d_in: float, d_out: float, p: Precision, wb: float) -> Operator:
+    ab = BYTES_PER_ELEMENT[p.activations]
+    return Operator(
+        name, 2 * tokens * d_in * d_out, d_in * d_out * wb + tokens * (d_in + d_out) * ab, p.compute
+    )
+
+
+def layer_operators(
+    model: ModelSpec,
+    prefill: Sequence[int] = (),
+    decode: Sequence[int] = (),
+    tp: int = 1,
+    precision: Precision = Precision(),
+) -> list[Operator]:
+    """The operators of ONE decoder layer for a batch: new prompts of lengths `prefill`, and sequences
+    decoding one token each whose KV caches hold `decode` tokens."""
+    p = precision
+    ab, kb, wb = (BYTES_PER_ELEMENT[x] for x in (p.activations, p.kv_cache, p.weights))
+    t = float(sum(prefill) + len(decode))
+    h, hd = model.hidden_size, model.head_dim
+    q_heads, kv_heads = model.num_heads / tp, _split(model.num_kv_heads, tp)
+    ops = [Operator("input_norm", 4 * t * h, 2 * t * h * ab + h * ab, p.activations)]
+    ops.append(_linear("q_proj", t, h, q_heads * hd, p, wb))
+    ops.append(_linear("k_proj", t, h, kv_heads * hd, p, wb))
+    ops.append(_linear("v_proj", t, h, kv_heads * hd, p, wb))
+    if prefill:
+        n = np.asarray(prefill, dtype=float)
+        # Causal attention: QK^T and PV each 2*n*n/2*hd per head; flash attention reads q, k, v once, writes o
+        # and the new KV into the cache.
+        flops = float(2 * np.sum(n * n)) * q_heads * hd
+        moved = float(np.sum(n)) * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb)
+        ops.append(Operator("attention_prefill", flops, moved, p.activations))
+    if decode:
+        ctx = float(np.sum(np.asarray(decode, dtype=float)))
+        # Each decoding sequence reads its whole KV cache: 2 (k, v) x ctx x kv_heads x hd.
+        flops = 4 * ctx * q_heads * hd
+        moved = 2 * ctx * kv_heads * hd * kb + len(decode) * (2 * q_heads + 2 * kv_heads) * hd * ab
+        ops.append(Operator("attention_decode", flops, moved, p.activations))
+    ops.append(_linear("o_proj", t, q_heads * hd, h, p, wb))
+    if tp > 1:
+        ops.append(Operator("allreduce_attn", 0.0, 0.0, comm_bytes=t * h * ab))
+    ops.append(Operator("post_attention_norm", 4 * t * h, 2 * t * h * ab + h * ab, p.activations))
+    ops.extend(_mlp(model, t, tp, p, wb))
+    if tp > 1:
+        ops.append(Operator("allreduce_mlp", 0.0, 0.0, comm_bytes=t * h * ab))
+    return ops
+
+
+def _mlp(model: ModelSpec, t: float, tp: int, p: Precision, wb: float) -> list[Operator]:
+    h = model.hidden_size
+    if not model.is_moe:
+        inter = model.intermediate_size / tp
+        return [
+            _linear("gate_proj", t, h, inter, p, wb),
+            _linear("up_proj", t, h, inter, p, wb),
+            _linear("down_proj", t, inter, h, p, wb),
+        ]
+    e, k, inter = model.num_experts, model.experts_per_token, model.moe_intermediate_size / tp
+    # Expected number of distinct experts the batch's tokens route to: their weights are all read once.
+    touched = e * (1 - (1 - k / e) ** t) if t else 0.0
+    ab = BYTES_PER_ELEMENT[p.activations]
+    return [
+        _linear("router", t, h, e, p, BYTES_PER_ELEMENT[p.activations]),
+        Operator(
+            "experts",
+            2 * t * k * 3 * h * inter,
+            touched * 3 * h * inter * wb + t * k * (2 * h + 3 * inter) * ab,
+            p.compute,
+        ),
+    ]
+
+
+def model_operators(
+    model: ModelSpec, tokens: int, sampled: int, tp: int = 1, precision: Precision = Precision()
+) -> list[Operator]:
+    """Operators outside the decoder layers: embedding lookup, final norm and lm_head for `sampled` rows."""
+    p = precision
+    ab, wb = BYTES_PER_ELEMENT[p.activations], BYTES_PER_ELEMENT[p.weights]
+    h = model.hidden_size
+    return [
+        Operator("embedding", 0.0, 2 * tokens * h * ab, p.activations),
+        Operator("final_norm", 4 * sampled * h, 2 * sampled * h * ab + h * ab, p.activations),
+        _linear("lm_head", sampled, h, model.vocab_size / tp, p, wb),
+    ]
+
+
+def step_time(
+    model: ModelSpec,
+    device: Device,
+    prefill: Sequence[int] = (),
+    decode: Sequence[int] = (),
+    tp: int = 1,
+    precision: Precision = Precision(),
+) -> float:
+    """Seconds for one forward step of a batch, summing every operator's roofline time."""
+    layer = sum(op.time(device, tp) for op in layer_operators(model, prefill, decode, tp, precision))
+    sampled = len(prefill) + len(decode)
+    tokens = sum(prefill) + len(decode)
+    rest = sum(op.time(device, tp) for op in model_operators(model, tokens, sampled, tp, precision))
+    return model.num_layers * layer + rest
+
+
+class StepCost:
+    """Step time as a function of a batch's aggregate shape, tabulated once so the simulator pays O(1) a step.
+
+    Linear layers, norms and all-reduces depend only on the number of tokens in the step; lm_head on the number
+    of sequences sampled; attention on the sum of decode contexts and on the sum of n and n^2 over prompts,
+    because a batched attention kernel is one roofline operator over all sequences.
+    """
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        device: Device,
+        tp: int = 1,
+        precision: Precision = Precision(),
+        max_tokens: int = 8192,
+        max_seqs: int = 256,
+    ) -> None:
+        self.model, self.device, self.tp, self.precision = model, device, tp, precision
+        layers = model.num_layers
+        tokens = np.arange(max_tokens + 1, dtype=float)
+        self._per_token = self._tabulate_linear(tokens) * layers + self._embedding(tokens)
+        seqs = np.arange(max_seqs + max_tokens + 1, dtype=float)
+        self._lm_head = self._tabulate_lm_head(seqs)
+        q_heads, kv_heads = model.num_heads / tp, _split(model.num_kv_heads, tp)
+        hd = model.head_dim
+        ab, kb = BYTES_PER_ELEMENT[precision.activations], BYTES_PER_ELEMENT[precision.kv_cache]
+        peak, bw = device.peak(precision.activations), device.bandwidth
+        self._decode_flops_ctx = layers * 4 * q_heads * hd / peak
+        self._decode_bytes_ctx = layers * 2 * kv_heads * hd * kb / bw
+        self._prefill_flops_n2 = layers * 2 * q_heads * hd / peak
+        self._prefill_bytes_n = (
+            layers * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb) / bw
+        )
+        self._decode_bytes_seq = layers * (2 * q_heads + 2 * kv_heads) * hd * ab / bw
+        self.max_tokens = max_tokens
+
+    def _tabulate_linear(self, tokens: np.ndarray) -> np.ndarray:
+        # One layer's token-dependent operators, evaluated at every token count at once.
+        m, p, tp, dev = self.model, self.precision, self.tp, self.device
+        ref = [op for op in layer_operators(m, [1], (), tp, p) if not op.name.startswith("attention")]
+        ref2 = [op for op in layer_operators(m, [2], (), tp, p) if not op.name.startswith("attention")]
+        total = np.zeros_like(tokens)
+        for a, b in zip(ref, ref2, strict=True):
+            if a.comm_bytes:
+                total += np.where(
+                    tokens > 0, [allreduce_time(a.comm_bytes * t, dev, tp) for t in tokens], 0.0
+                )
+                continue
+            if a.name == "experts":
+                total += self._experts(tokens)
+                continue
+            # Every dense operator is affine in the token count: f(t) = f0 + t * df.
+            df, db = b.flops - a.flops, b.bytes - a.bytes
+            f0, b0 = a.flops - df, a.bytes - db
+            flops, moved = f0 + tokens * df, b0 + tokens * db
+            total += np.maximum(flops / dev.peak(a.dtype), moved / dev.bandwidth)
+        total[0] = 0.0
+        return total
+
+    def _experts(self, tokens: np.ndarray) -> np.ndarray:
+        return np.array(
+            [
+                0.0
+                if t == 0
+                else next(
+                    op.time(self.device, self.tp)
+                    for op in _mlp(
+                        self.model, t, self.tp, self.precision, BYTES_PER_ELEMENT[self.precision.weights]
+                    )
+                    if op.name == "experts"
+                )
+                for t in tokens
+            ]
+        )
+
+    def _embedding(self, tokens: np.ndarray) -> np.ndarray:
+        ab = BYTES_PER_ELEMENT[self.precision.activations]
+        return 2 * tokens * self.model.hidden_size * ab / self.device.bandwidth
+
+    def _tabulate_lm_head(self, seqs: np.ndarray) -> np.ndarray:
+        m, p, dev = self.model, self.precision, self.device
+        one = [op for op in model_operators(m, 0, 1, self.tp, p) if op.name != "embedding"]
+        two = [op for op in model_operators(m, 0, 2, self.tp, p) if op.name != "embedding"]
+        total = np.zeros_like(seqs)
+        for a, b in zip(one, two, strict=True):
+            df, db = b.flops - a.flops, b.bytes - a.bytes
+            flops, moved = a.flops - df + seqs * df, a.bytes - db + seqs * db
+            total += np.maximum(flops / dev.peak(a.dtype), moved / dev.bandwidth)
+        total[0] = 0.0
+        return total
+
+    def decode_times(self, decodes: int, contexts: np.ndarray) -> np.ndarray:
+        """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total."""
+        fixed = self._per_token[decodes] + self._lm_head[decodes]
+        return fixed + np.maximum(
+            contexts * self._decode_flops_ctx,
+            contexts * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
+        )
+
+    def time(
+        self, tokens: int, sampled: int, decode_ctx: float, decodes: int, sum_n: float, sum_n2: float
+    ) -> float:
+        """Seconds for a step of `tokens` new tokens, `sampled` sequences sampled, `decodes` of them decoding
+        with `decode_ctx` cached tokens in total, and prompts with sum n and sum n^2 of their lengths."""
+        if tokens < len(self._per_token):
+            t = self._per_token[tokens] + self._lm_head[sampled]
+        else:  # a prompt longer than the token budget runs alone; off the table, computed directly
+            many = np.array([0.0, float(tokens)])
+            t = (self._tabulate_linear(many) * self.model.num_layers + self._embedding(many))[1]
+            t += self._lm_head[sampled]
+        if decodes:
+            t += max(
+                decode_ctx * self._decode_flops_ctx,
+                decode_ctx * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
+            )
+        if sum_n:
+            t += max(sum_n2 * self._prefill_flops_n2, sum_n * self._prefill_bytes_n)
+        return float(t)

@@ -1,0 +1,180 @@
+"""The dashboard in headless Chromium (Debian's, driven by Playwright): catalog, node map, keys, playground.
+
+Set OTELA_UPDATE_SCREENSHOTS=1 to refresh docs/screenshots/ from this run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from frontend_helpers import ADMIN_TOKEN, start_frontend
+from frontend_services import CHROMIUM_FLAGS
+from sqlalchemy import select
+
+from opentela.engines.embedded import MODEL_ID
+from opentela.frontend import Frontend
+from opentela.frontend.keys import KeySettings
+from opentela.frontend.schema import UsageRow
+from opentela.localmesh import LocalMesh
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+LAPTOP = {"width": 1366, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def site(mesh: LocalMesh, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Frontend]:
+    fe = await start_frontend(mesh.api, f"sqlite:///{tmp_path_factory.mktemp('dash') / 'frontend.db'}")
+    try:
+        yield fe
+    finally:
+        await fe.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def browser(chromium: Path) -> AsyncIterator:
+    playwright = pytest.importorskip("playwright.async_api", reason="playwright is part of the test extras")
+    async with playwright.async_playwright() as p:
+        b = await p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_FLAGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+async def _snap(page, shots: Path, name: str) -> None:
+    path = shots / f"{name}.png"
+    await page.screenshot(path=str(path), full_page=True)
+    if os.environ.get("OTELA_UPDATE_SCREENSHOTS") == "1":
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, SCREENSHOTS / path.name)
+
+
+@pytest.mark.parametrize(("device", "viewport"), [("laptop", LAPTOP), ("phone", PHONE)])
+async def test_catalog_and_node_map_show_the_demo_mesh(
+    site: Frontend, browser, shots: Path, device: str, viewport: dict
+) -> None:
+    page = await browser.new_page(viewport=viewport)
+    await page.goto(site.url + "/")
+    card = page.locator(f'.model-card[data-model="{MODEL_ID}"]')
+    await card.wait_for()
+    await page.wait_for_function(
+        "document.querySelectorAll('.model-card .replica').length >= 2", timeout=30_000
+    )
+    text = await card.inner_text()
+    assert "2 of 2 replicas healthy" in text
+    assert "demo-provider-1" in text and "demo-provider-2" in text and "SERVING" in text
+    assert "CPU" in text  # hardware of each replica
+    # Clean on a small screen too: nothing wider than the viewport.
+    assert await page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth")
+    await _snap(page, shots, f"{device}-models")
+    await page.click("#tab-nodes")
+    await page.wait_for_function(
+        "document.querySelectorAll('#nodes tr[data-peer]').length >= 3", timeout=30_000
+    )
+    rows = page.locator("#nodes tr[data-peer]")
+    by_provider = {}
+    for i in range(await rows.count()):
+        row = rows.nth(i)
+        by_provider[
+            (await row.locator('td[data-label="Provider"]').inner_text()).strip()
+        ] = await row.inner_text()
+    assert set(by_provider) == {"ingress", "demo-provider-1", "demo-provider-2"}
+    assert all("healthy" in r for r in by_provider.values())
+    # The workers serve the model; the demo's ingress runs no engine, so it stays in JOIN.
+    assert "SERVING" in by_provider["demo-provider-1"] and "SERVING" in by_provider["demo-provider-2"]
+    assert "JOIN" in by_provider["ingress"] and "(ingress)" in by_provider["ingress"]
+    await _snap(page, shots, f"{device}-nodes")
+    await page.close()
+
+
+async def test_admin_creates_and_revokes_a_key(site: Frontend, browser, shots: Path) -> None:
+    page = await browser.new_page(viewport=LAPTOP)
+    page.on("dialog", lambda d: d.accept())
+    await page.goto(site.url + "/#keys")
+    await page.fill("#admin-token", "otela-admin-wrong")
+    await page.click("#admin-save")
+    await page.wait_for_function("document.querySelector('#admin-status').textContent.includes('refused')")
+    await page.fill("#admin-token", ADMIN_TOKEN)
+    await page.click("#admin-save")
+    await page.locator("#create-key-form").wait_for()
+    await page.fill("#new-key-name", "browser-user")
+    await page.fill("input[name=rpm_limit]", "60")
+    await page.click("#create-key")
+    secret = (await page.locator("#new-secret-value").inner_text()).strip()
+    assert secret.startswith("otela-")
+    row = page.locator('.key-row[data-name="browser-user"]')
+    await row.wait_for()
+    assert "active" in await row.inner_text() and "60 rpm" in await row.inner_text()
+    await _snap(page, shots, "laptop-keys")
+    key = await site.state.keys.authenticate(secret)
+    await row.locator(".revoke-btn").click()
+    await page.wait_for_function(
+        "document.querySelector('.key-row[data-name=\"browser-user\"]').innerText.includes('revoked')"
+    )
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as http:
+        async with http.get(site.url + "/v1/models") as r:
+            assert r.status == 401 and (await r.json())["error"]["code"] == "api_key_revoked"
+    assert (await site.state.keys.get(key.id)).revoked_at is not None
+    await page.close()
+
+
+@pytest.mark.parametrize(("device", "viewport"), [("laptop", LAPTOP), ("phone", PHONE)])
+async def test_playground_streams_a_real_answer(
+    site: Frontend, browser, shots: Path, device: str, viewport: dict
+) -> None:
+    key, secret = await site.state.keys.create(KeySettings(name=f"playground-{device}"))
+    page = await browser.new_page(viewport=viewport)
+    await page.goto(site.url + "/#playground")
+    await page.fill("#key-input", secret)
+    await page.click("#key-save")
+    await page.wait_for_function("document.querySelector('#key-status').textContent.includes('active')")
+    await page.wait_for_function(f"document.querySelector('#chat-model').value === '{MODEL_ID}'")
+    # Count how often the answer grows: a streamed answer arrives in several updates, not in one piece.
+    await page.evaluate(
+        """() => { window.__updates = 0; new MutationObserver(() => window.__updates++).observe(
+             document.querySelector('#chat-log'), {subtree: true, characterData: true, childList: true}); }"""
+    )
+    await page.fill("#chat-max", "24")
+    await page.fill("#chat-input", "What is the capital of France?")
+    await page.press("#chat-input", "Enter")
+    await page.wait_for_function(
+        "document.querySelector('#chat-meta').textContent.includes('tokens')", timeout=90_000
+    )
+    answer = await page.locator(".msg.assistant").last.inner_text()
+    meta = await page.locator("#chat-meta").inner_text()
+    assert answer.strip() and "demo-provider-" in meta
+    assert await page.evaluate("window.__updates") >= 3
+    async with site.state.db.session() as s:
+        rows = (await s.scalars(select(UsageRow).where(UsageRow.key_id == key.id))).all()
+    assert [(r.status, r.stream) for r in rows] == [("ok", True)] and rows[0].output_tokens > 0
+    await _snap(page, shots, f"{device}-playground")
+    await page.click("#tab-usage")
+    await page.locator("#usage-chart svg").wait_for()
+    await page.wait_for_function("document.querySelectorAll('#usage-rows tbody tr .badge.ok').length >= 1")
+    await _snap(page, shots, f"{device}-usage")
+    await page.close()
+
+
+async def test_api_reference_renders_offline(site: Frontend, browser, shots: Path) -> None:
+    page = await browser.new_page(viewport=LAPTOP)
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(r.url))
+    await page.goto(site.url + "/docs")
+    await page.locator(".swagger-ui .opblock-summary-path", has_text="/v1/chat/completions").first.wait_for()
+    assert failed == []  # every asset came from the frontend itself
+    await _snap(page, shots, "laptop-docs")
+    await page.close()
