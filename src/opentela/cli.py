@@ -76,6 +76,11 @@ def _add_start_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--fatal-log-pattern", action="append", metavar="REGEX", help="engine log line that fail-stops"
     )
+    p.add_argument(
+        "--policy",
+        metavar="NAME",
+        help="ingress routing policy: random, round_robin, weighted, least_loaded, ...",
+    )
     p.add_argument("--log-level", default=os.environ.get("OTELA_LOG_LEVEL", "INFO"), help="log level")
     p.add_argument(
         "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
@@ -168,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("controller", help="assign catalog models to idle nodes (fleet controller)")
     )
 
+    bench = sub.add_parser("bench", help="measure an OpenAI-compatible endpoint")
+    bsub = bench.add_subparsers(dest="bench_cmd", required=True, metavar="BENCHMARK")
+    from opentela.bench import load as bench_load
+
+    bench_load.add_arguments(
+        bsub.add_parser("load", help="open-loop Poisson or trace-timed load with a JSON latency report")
+    )
+
     sub.add_parser("version", help="print the version")
     cfg = sub.add_parser("config", help="configuration helpers")
     cfg_sub = cfg.add_subparsers(dest="config_cmd", required=True, metavar="ACTION")
@@ -213,6 +226,8 @@ def _start_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         gateway["http"] = args.http
     if args.max_body_bytes is not None:
         gateway["max_body_bytes"] = args.max_body_bytes
+    if args.policy:
+        gateway["policy"] = args.policy
     frontend: dict[str, Any] = {}
     if args.frontend:
         frontend["enabled"] = True
@@ -269,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 run_simulated(simulated_config_from_args(args))
             return 0
+        if args.cmd == "bench":
+            from opentela.bench.load import run_from_args
+
+            return run_from_args(args)
         if args.cmd in ("simulate", "plan"):
             from opentela.scheduler.commands import run
 

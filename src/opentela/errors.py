@@ -122,6 +122,20 @@ class NoHealthyReplicaError(CapacityError):
     code = "no_healthy_replica"
 
 
+class NoTrustedProviderError(CapacityError):
+    """Replicas of the model exist, but none belongs to a provider the request trusts."""
+
+    code = "no_trusted_provider"
+    retryable = False
+
+
+class UnmetConstraintError(CapacityError):
+    """No replica of the model has the node properties the request requires."""
+
+    code = "unmet_constraint"
+    retryable = False
+
+
 class OverloadedError(CapacityError):
     """The node is over its concurrency limit."""
 

@@ -218,3 +218,20 @@ def options_to_flags(options: Mapping[str, Any], flags: Mapping[str, str], engin
         else:
             out += [flag, str(value)]
     return out
+
+
+def advertised_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings worth putting in the registry from one ``/v1/models`` entry of an engine.
+
+    vLLM reports ``max_model_len``; the simulated engine (and any engine that wants to) adds an ``otela``
+    object with more (``gpu``, ``quantization``, ``throughput``...). Only plain scalars are kept.
+    """
+    out: dict[str, Any] = {}
+    if isinstance(entry.get("max_model_len"), int):
+        out["context_length"] = entry["max_model_len"]
+    extra = entry.get("otela")
+    if isinstance(extra, Mapping):
+        for key, value in list(extra.items())[:16]:
+            if isinstance(key, str) and len(key) <= 64 and isinstance(value, str | int | float | bool):
+                out[key] = value[:128] if isinstance(value, str) else value
+    return out

@@ -28,11 +28,14 @@ from aiohttp import web
 
 from opentela.engines._registry import register_engine
 from opentela.engines.base import EngineAdapter, EngineSpec, free_port, module_index, program_index
+from opentela.engines.sim_timing import TimingModel, gpu_spec, params_from_name
 from opentela.errors import ConfigError
 
 OWNER = "otela-simulator"
 CRASH_EXIT_CODE = 3
 """Exit status of a simulated crash (``crash_after``), distinct from a clean stop."""
+ERROR_KINDS = ("500", "502", "503", "429", "disconnect")
+"""Injectable failures: an HTTP status with an OpenAI error body, or a connection dropped without an answer."""
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
 
@@ -51,6 +54,24 @@ class SimulatedConfig:
     default_max_tokens: int = field(default=16, metadata={"help": "output tokens when max_tokens is absent"})
     max_concurrency: int = field(default=64, metadata={"help": "requests decoded at once; the rest queue"})
     error_rate: float = field(default=0.0, metadata={"help": "fraction of requests answered with a 500"})
+    errors: str = field(
+        default="",
+        metadata={
+            "help": "failure rates by kind, e.g. 503=0.05,disconnect=0.01 (kinds: 500 502 503 429 disconnect)"
+        },
+    )
+    gpu: str = field(
+        default="",
+        metadata={
+            "help": "GPU this engine stands for (H100, A100, ...): timing from a roofline, not the fixed ms"
+        },
+    )
+    params_b: float = field(
+        default=0.0,
+        metadata={"help": "model size in billions of parameters (0: read it from the model name)"},
+    )
+    quantization: str = field(default="", metadata={"help": "advertised quantization (empty: unquantized)"})
+    context_length: int = field(default=32768, metadata={"help": "advertised context length (max_model_len)"})
     crash_after: int | None = field(
         default=None,
         metadata={"help": "serve N requests, then exit hard on the next (mid-stream if streaming)"},
@@ -75,6 +96,53 @@ class SimulatedConfig:
             raise ConfigError(f"error_rate must be in [0, 1], got {self.error_rate}")
         if self.max_concurrency < 1 or self.embedding_dim < 1 or self.default_max_tokens < 0:
             raise ConfigError("max_concurrency and embedding_dim must be >= 1, default_max_tokens >= 0")
+        rates = self.error_rates()
+        if sum(rates.values()) > 1.0:
+            raise ConfigError(f"error rates add up to more than 1: {self.errors}")
+        if self.gpu:
+            gpu_spec(self.gpu)
+            if self.model_params_b() is None:
+                raise ConfigError(
+                    f"give --params-b: the model name {self.model!r} says nothing about its size"
+                )
+
+    def error_rates(self) -> dict[str, float]:
+        """Failure rate of each kind: `errors` parsed, plus `error_rate` as 500s."""
+        rates: dict[str, float] = {"500": self.error_rate} if self.error_rate else {}
+        for term in filter(None, (t.strip() for t in self.errors.split(","))):
+            kind, sep, rate = term.partition("=")
+            try:
+                value = float(rate)
+            except ValueError:
+                value = -1.0
+            if not sep or kind.strip() not in ERROR_KINDS or not 0.0 <= value <= 1.0:
+                raise ConfigError(
+                    f"cannot read {term!r} in errors: write KIND=RATE with KIND in {ERROR_KINDS}"
+                )
+            rates[kind.strip()] = rates.get(kind.strip(), 0.0) + value
+        return rates
+
+    def model_params_b(self) -> float | None:
+        """The model size in billions: `params_b`, else what the model name says."""
+        return self.params_b or params_from_name(self.model)
+
+    def timing(self) -> TimingModel:
+        """The timing model: a roofline for the declared GPU, else the fixed latencies."""
+        if self.gpu:
+            return TimingModel.roofline(
+                self.gpu, self.model_params_b() or 1.0, self.quantization, self.itl_per_active_ms
+            )
+        return TimingModel.fixed(self.ttft_ms, self.itl_ms, self.itl_per_active_ms)
+
+    def advertised_settings(self) -> dict[str, Any]:
+        """What /v1/models says about this engine beyond the model id (nodes copy it into their records)."""
+        out: dict[str, Any] = {"simulated": True}
+        if self.quantization:
+            out["quantization"] = self.quantization
+        if self.gpu:
+            out["gpu"] = gpu_spec(self.gpu)[0]
+            out["throughput"] = round(self.max_concurrency / self.timing().itl(self.max_concurrency), 1)
+        return out
 
     def to_argv(self) -> list[str]:
         """The flags that reproduce this config (only fields that differ from the defaults)."""
@@ -150,8 +218,10 @@ def _invalid(message: str) -> _BadRequest:
     return _BadRequest(_error(400, message, "invalid_request_error", "invalid_request"))
 
 
-def _simulated_failure() -> web.Response:
-    return _error(500, "simulated engine failure (error_rate)", "server_error", "simulated_error")
+def _simulated_failure(kind: str = "500") -> web.Response:
+    if kind == "429":
+        return _error(429, "simulated engine overload", "rate_limit_error", "simulated_overload")
+    return _error(int(kind), f"simulated engine failure ({kind})", "server_error", "simulated_error")
 
 
 def _max_tokens(body: dict[str, Any], default: int) -> int:
@@ -197,6 +267,9 @@ class SimulatedHandlers:
         self._released = asyncio.Event()
         self._ids = itertools.count(1)
         self._created = int(time.time())
+        self.timing = config.timing()
+        self.bytes_streamed = 0
+        self._error_rates = sorted(config.error_rates().items())
 
     def app(self) -> web.Application:
         """The aiohttp application with the OpenAI routes."""
@@ -218,11 +291,19 @@ class SimulatedHandlers:
             request.transport.abort()
         return web.Response(status=503)
 
+    @staticmethod
+    def _disconnect(request: web.BaseRequest) -> web.Response:
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=500)  # never reaches anyone: the connection is gone
+
     async def models(self, request: web.Request) -> web.Response:
         """GET /v1/models."""
         if self._hung:
             return await self._hang(request)
         entry = {"id": self.config.model, "object": "model", "created": self._created, "owned_by": OWNER}
+        entry["max_model_len"] = self.config.context_length
+        entry["otela"] = self.config.advertised_settings()
         return web.json_response({"object": "list", "data": [entry]})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -256,8 +337,12 @@ class SimulatedHandlers:
             return "hang"
         if cfg.crash_after is not None and self.requests > cfg.crash_after:
             return "crash"
-        if cfg.error_rate and self._rng.random() < cfg.error_rate:
-            return "error"
+        if self._error_rates:
+            draw = self._rng.random()
+            for kind, rate in self._error_rates:
+                if draw < rate:
+                    return kind
+                draw -= rate
         return "ok"
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -282,8 +367,10 @@ class SimulatedHandlers:
         fate = self._fate()
         if fate == "hang":
             return await self._hang(request)
-        if fate == "error":
-            return _simulated_failure()
+        if fate == "disconnect":
+            return self._disconnect(request)
+        if fate in ERROR_KINDS:
+            return _simulated_failure(fate)
         prompt_tokens = estimate_tokens(prompt) + (3 * n_messages if chat else 0)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -322,11 +409,13 @@ class SimulatedHandlers:
         fate = self._fate()
         if fate == "hang":
             return await self._hang(request)
-        if fate == "error":
-            return _simulated_failure()
+        if fate == "disconnect":
+            return self._disconnect(request)
+        if fate in ERROR_KINDS:
+            return _simulated_failure(fate)
         texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
         async with self._slots:
-            await _sleep_until(arrival + self.config.ttft_ms / 1000)
+            await _sleep_until(arrival + self.timing.ttft(sum(estimate_tokens(t) for t in texts)))
         if fate == "crash":
             self._crash(request)
             return await self._hang(request)
@@ -377,14 +466,12 @@ class _Generation:
         self.usage = usage
         self.start = start
         self.crash = crash
-        cfg = handlers.config
-        self.ttft = cfg.ttft_ms / 1000
+        self.ttft = handlers.timing.ttft(usage["prompt_tokens"])
         self.id = handlers.next_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
 
     def _itl(self) -> float:
-        cfg = self.handlers.config
-        return (cfg.itl_ms + cfg.itl_per_active_ms * max(0, self.handlers.active - 1)) / 1000
+        return self.handlers.timing.itl(self.handlers.active)
 
     def _crash_now(self) -> None:
         self.handlers._crash(self.request)
@@ -441,7 +528,9 @@ class _Generation:
             return await self.handlers._hang(self.request)
         for k in range(self.n_tokens):
             await _sleep_until(due)
-            await resp.write(self._chunk(k, include_usage))
+            chunk = self._chunk(k, include_usage)
+            self.handlers.bytes_streamed += len(chunk)
+            await resp.write(chunk)
             if self.crash:
                 self._crash_now()
                 return await self.handlers._hang(self.request)

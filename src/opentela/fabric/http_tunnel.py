@@ -1,7 +1,8 @@
 """The /otela/http/1 codec: an HTTP request and its response carried over one multiplexed stream.
 
-Request:  u32 head length | msgpack head {m, p, h, r, b} | b bytes of body | half-close.
-Response: u32 head length | msgpack head {s, h, e?} | body bytes as the engine produces them | half-close.
+Request:  u32 head length | msgpack head {m, p, h, r, b, t?} | b bytes of body | half-close.
+Response: u32 head length | msgpack head {s, h, e?, t?} | body bytes as the engine produces them | half-close.
+A request with ``t: 1`` asks for timing; its response head then carries ``t``: the engine's time in microseconds.
 A failure after the response head resets the stream with one of the RESET_* codes below.
 """
 
@@ -38,6 +39,8 @@ class TunnelRequest:
     body: bytes
     request_id: str
     headers: dict[str, str] = field(default_factory=dict)
+    timing: bool = False
+    """Ask the serving node to report how long its engine took (``engine_us`` in the response head)."""
 
 
 @dataclass(slots=True)
@@ -47,6 +50,8 @@ class TunnelResponseHead:
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     error_code: str | None = None
+    engine_us: int | None = None
+    """Microseconds the engine took to answer, when the request asked for timing."""
 
 
 def _pack_head(obj: dict) -> bytes:
@@ -73,6 +78,8 @@ def encode_request(req: TunnelRequest) -> bytes:
     head = {"m": req.method, "p": req.path, "r": req.request_id, "b": len(req.body)}
     if req.headers:
         head["h"] = req.headers
+    if req.timing:
+        head["t"] = 1
     return _pack_head(head) + req.body
 
 
@@ -93,7 +100,7 @@ async def read_request(stream: Stream, max_body: int) -> TunnelRequest:
     ):
         raise ProtocolError("tunnel request headers must map strings to strings")
     body = await stream.readexactly(body_len) if body_len else b""
-    return TunnelRequest(method, path, body, str(request_id), headers)
+    return TunnelRequest(method, path, body, str(request_id), headers, bool(head.get("t")))
 
 
 def encode_response_head(head: TunnelResponseHead) -> bytes:
@@ -103,6 +110,8 @@ def encode_response_head(head: TunnelResponseHead) -> bytes:
         obj["h"] = head.headers
     if head.error_code:
         obj["e"] = head.error_code
+    if head.engine_us is not None:
+        obj["t"] = head.engine_us
     return _pack_head(obj)
 
 
@@ -112,4 +121,10 @@ async def read_response_head(stream: Stream) -> TunnelResponseHead:
     status, headers, error_code = head.get("s"), head.get("h", {}), head.get("e")
     if not isinstance(status, int) or not 100 <= status <= 599 or not isinstance(headers, dict):
         raise ProtocolError("tunnel response head is malformed")
-    return TunnelResponseHead(status, {str(k): str(v) for k, v in headers.items()}, error_code)
+    engine_us = head.get("t")
+    return TunnelResponseHead(
+        status,
+        {str(k): str(v) for k, v in headers.items()},
+        error_code,
+        engine_us if isinstance(engine_us, int) else None,
+    )

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class GatewayConfig:
-    """How the ingress listens, limits, times out and retries."""
+    """How the ingress listens, routes, limits, times out and retries."""
 
     http: str = field(
         default="127.0.0.1:8092", metadata={"help": "HOST:PORT the OpenAI-compatible API listens on."}
@@ -16,18 +16,56 @@ class GatewayConfig:
         default=8 * 1024 * 1024, metadata={"help": "Largest request body accepted; larger ones get 413."}
     )
     policy: str = field(
-        default="random", metadata={"help": "Routing policy: a built-in name or an operator's module:Class."}
+        default="random",
+        metadata={
+            "help": "Routing policy: `random`, `round_robin`, `weighted`, `least_loaded`, "
+            "`least_loaded_tokens`, or an operator's `module:Class`."
+        },
+    )
+    request_policies: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Policies a request may choose with `X-Otela-Policy` or `metadata.policy` "
+            "(empty: requests cannot choose)."
+        },
+    )
+    trusted_providers: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "Default provider allowlist for requests that name none (empty: every provider)."},
     )
     connect_timeout: float = field(
         default=5.0, metadata={"help": "Seconds to open a stream to the serving node (dial included)."}
     )
     first_byte_timeout: float = field(
-        default=300.0, metadata={"help": "Seconds to wait for the response head from the serving node."}
+        default=300.0,
+        metadata={
+            "help": "Seconds to wait for the response head (and a stream's first chunk) from a replica."
+        },
+    )
+    idle_timeout: float = field(
+        default=120.0,
+        metadata={"help": "Seconds a started stream may stay silent before it ends with an error event."},
     )
     total_timeout: float = field(
         default=900.0, metadata={"help": "Absolute deadline of one request, in seconds."}
     )
     max_retries: int = field(
         default=2,
-        metadata={"help": "Other replicas tried after a transport or engine failure (non-streaming)."},
+        metadata={
+            "help": "Other replicas tried after a transport failure or an engine 5xx, before the client "
+            "has seen a byte."
+        },
+    )
+    cooldown_failures: int = field(
+        default=3,
+        metadata={"help": "Consecutive failed attempts that put a replica in cooldown (0: never)."},
+    )
+    cooldown_seconds: float = field(
+        default=10.0, metadata={"help": "How long a replica in cooldown gets no traffic from this ingress."}
+    )
+    server_timing: bool = field(
+        default=False,
+        metadata={
+            "help": "Add a Server-Timing header with the per-stage times of each request (benchmarks)."
+        },
     )

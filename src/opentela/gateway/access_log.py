@@ -7,9 +7,12 @@ import logging
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
+from opentela.gateway._keys import REQUEST_ID_KEY, ROUTE_KEY
+
 
 class GatewayAccessLogger(AbstractAccessLogger):
-    """method, path, status, bytes, duration, request id, serving node; INFO for success, WARNING for 5xx."""
+    """method, path, status, bytes, duration, request id, serving node, and for inference requests the model,
+    the attempts it took and the policy; INFO for success, WARNING for 5xx."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
         """Write the line."""
@@ -17,6 +20,7 @@ class GatewayAccessLogger(AbstractAccessLogger):
         level = logging.WARNING if status >= 500 else logging.INFO
         if not self.logger.isEnabledFor(level):
             return
+        route = request.get(ROUTE_KEY) or {}
         self.logger.log(
             level,
             "%s %s %d",
@@ -24,7 +28,8 @@ class GatewayAccessLogger(AbstractAccessLogger):
             request.path,
             status,
             extra={
-                "request_id": response.headers.get("X-Otela-Request-Id", "-"),
+                **route,
+                "request_id": response.headers.get("X-Otela-Request-Id") or request.get(REQUEST_ID_KEY, "-"),
                 "node": response.headers.get("X-Otela-Node", "-")[-8:],
                 "bytes": response.body_length,
                 "ms": round(time * 1000, 3),

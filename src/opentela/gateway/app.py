@@ -10,14 +10,15 @@ from typing import Any
 from aiohttp import web
 
 from opentela.gateway._config import GatewayConfig
+from opentela.gateway._keys import GATEWAY_KEY, REQUEST_ID_KEY
 from opentela.gateway.access_log import GatewayAccessLogger
 from opentela.gateway.errors import error_middleware
 from opentela.gateway.forwarder import Forwarder
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.metrics import GatewayMetrics
-from opentela.gateway.policies import create_policy
 from opentela.gateway.routes import infra
 from opentela.gateway.routes.inference import INFERENCE_PATHS, handle_inference
+from opentela.gateway.routing import Router
 
 logger = logging.getLogger(__name__)
 access_log = logging.getLogger("opentela.gateway.access")
@@ -30,7 +31,7 @@ async def request_id_middleware(request: web.Request, handler):
     """Give every request an id (the client's X-Request-Id when sane) that travels end to end."""
     given = request.headers.get("X-Request-Id", "")
     request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
-    request["request_id"] = request_id
+    request[REQUEST_ID_KEY] = request_id
     response = await handler(request)
     if not response.prepared:
         response.headers.setdefault("X-Otela-Request-Id", request_id)
@@ -44,19 +45,20 @@ class Gateway:
         self.mesh = mesh
         self.config = config or GatewayConfig()
         self.metrics = GatewayMetrics()
-        self.forwarder = Forwarder(self.config, create_policy(self.config.policy), mesh.open_http_stream)
-        self.app = self._build_app()
+        self.router = Router(mesh, self.config)
+        self.forwarder = Forwarder(self.config, self.router, mesh.open_http_stream, self.metrics)
         self._runner: web.AppRunner | None = None
         self.url: str = ""
+        self.app = self._build_app()
 
     def __repr__(self) -> str:
-        return f"<Gateway {self.url or 'not listening'} policy={self.forwarder.policy.name}>"
+        return f"<Gateway {self.url or 'not listening'} policy={self.config.policy}>"
 
     def _build_app(self) -> web.Application:
         app = web.Application(
             middlewares=[request_id_middleware, error_middleware], client_max_size=self.config.max_body_bytes
         )
-        app["gateway"] = self
+        app[GATEWAY_KEY] = self
         for path in INFERENCE_PATHS:
             app.router.add_post(path, handle_inference)
         app.router.add_get("/v1/models", infra.list_models)

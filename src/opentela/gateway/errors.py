@@ -14,6 +14,7 @@ from opentela.errors import (
     OpenTelaError,
     RequestTooLargeError,
 )
+from opentela.gateway._keys import REQUEST_ID_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +60,13 @@ async def error_middleware(request: web.Request, handler):
     try:
         return await handler(request)
     except OpenTelaError as err:
-        return error_response(err, request_id=request.get("request_id"))
+        return error_response(err, request_id=request.get(REQUEST_ID_KEY))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(map_http_exception(exc), request_id=request.get("request_id"))
+        return error_response(map_http_exception(exc), request_id=request.get(REQUEST_ID_KEY))
     except Exception:
         logger.exception(
-            "unhandled error on %s %s (request %s)", request.method, request.path, request.get("request_id")
+            "unhandled error on %s %s (request %s)", request.method, request.path, request.get(REQUEST_ID_KEY)
         )
-        return error_response(OpenTelaError("internal error"), request_id=request.get("request_id"))
+        return error_response(OpenTelaError("internal error"), request_id=request.get(REQUEST_ID_KEY))

@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 
 from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId, Stream
-from opentela.engines.base import EngineSpec
+from opentela.engines.base import EngineSpec, advertised_settings
 from opentela.errors import ConfigError, EngineCrashedError, OpenTelaError, UpstreamTimeout
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.addresses import format_addr, parse_addr
@@ -402,7 +402,11 @@ class NodeAgent:
                 return
             await self.fail_stop(f"engine not ready: {exc.message}", EXIT_ENGINE_NOT_READY)
             return
-        models = tuple(ModelEntry(id=str(m["id"]), engine=self.engine.name) for m in served if m.get("id"))
+        models = tuple(
+            ModelEntry(id=str(m["id"]), engine=self.engine.name, settings=advertised_settings(m))
+            for m in served
+            if m.get("id")
+        )
         self._engine_ready = True
         self.registry.update_local(lifecycle=Lifecycle.SERVING, models=models, reason="")
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 
 import aiohttp
@@ -96,19 +97,24 @@ class LocalEngineProxy:
         headers["X-Request-Id"] = request.request_id
         self.in_flight += 1
         head_sent = False
+        sent_at = time.perf_counter()
         try:
             async with self._client().request(
                 request.method, base + request.path, data=request.body or None, headers=headers
             ) as resp:
                 out_headers = {k: resp.headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in resp.headers}
-                head = encode_response_head(TunnelResponseHead(resp.status, out_headers))
                 if resp.content_length is not None:
                     # Small, complete bodies go out with the head in one write: one frame, one syscall.
                     body = await resp.read()
+                    took = _micros(sent_at) if request.timing else None
+                    head = encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
                     await stream.write(head + body)
                     head_sent = True
                 else:
-                    await stream.write(head)
+                    took = _micros(sent_at) if request.timing else None
+                    await stream.write(
+                        encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
+                    )
                     head_sent = True
                     async for chunk in resp.content.iter_any():
                         await stream.write(chunk)
@@ -141,3 +147,7 @@ class LocalEngineProxy:
             await stream.write_eof()
         except OpenTelaError:
             pass
+
+
+def _micros(since: float) -> int:
+    return int((time.perf_counter() - since) * 1e6)

@@ -51,7 +51,14 @@ async def test_models_and_health_say_simulated(http: aiohttp.ClientSession) -> N
             body = await resp.json()
         assert resp.status == 200
         assert body["data"] == [
-            {"id": "m1", "object": "model", "created": body["data"][0]["created"], "owned_by": OWNER}
+            {
+                "id": "m1",
+                "object": "model",
+                "created": body["data"][0]["created"],
+                "owned_by": OWNER,
+                "max_model_len": 32768,
+                "otela": {"simulated": True},
+            }
         ]
         async with http.get(srv.base_url + "/health") as resp:
             assert resp.status == 200
@@ -273,3 +280,55 @@ def test_config_round_trips_through_flags_and_validates() -> None:
         SimulatedConfig(error_rate=1.5)
     with pytest.raises(ConfigError):
         SimulatedConfig(max_concurrency=0)
+
+
+def test_roofline_timing_for_a_declared_gpu() -> None:
+    from opentela.engines.sim_timing import TimingModel, params_from_name
+
+    assert params_from_name("llama-3.1-8b") == 8
+    assert params_from_name("Qwen3-0.6B") == 0.6
+    assert params_from_name("sim-model") is None
+    h100 = TimingModel.roofline("H100", 8)
+    a100 = TimingModel.roofline("NVIDIA A100-SXM4-80GB", 8)
+    fp8 = TimingModel.roofline("H100", 8, "fp8")
+    assert 0.003 < h100.itl(1) < 0.01  # 16 GB of weights over 3.35 TB/s
+    assert a100.itl(1) > h100.itl(1) and fp8.itl(1) < h100.itl(1)
+    assert h100.ttft(4000) > h100.ttft(100)  # prefill grows with the prompt
+    cfg = SimulatedConfig(model="llama-3.1-8b", gpu="H100")
+    assert cfg.timing() == h100
+    settings = cfg.advertised_settings()
+    assert settings["gpu"] == "H100" and settings["simulated"] is True and settings["throughput"] > 0
+    with pytest.raises(ConfigError, match="unknown GPU"):
+        SimulatedConfig(model="llama-3.1-8b", gpu="Z9000")
+    with pytest.raises(ConfigError, match="params-b"):
+        SimulatedConfig(model="sim-model", gpu="H100")
+
+
+def test_error_kinds_parse_and_validate() -> None:
+    cfg = SimulatedConfig(errors="503=0.25, disconnect=0.25", error_rate=0.1)
+    assert cfg.error_rates() == {"500": 0.1, "503": 0.25, "disconnect": 0.25}
+    for bad in ("404=0.1", "503", "503=2", "503=0.7,500=0.7"):
+        with pytest.raises(ConfigError):
+            SimulatedConfig(errors=bad)
+
+
+async def test_injected_error_kinds(http: aiohttp.ClientSession) -> None:
+    async with SimulatedServer(SimulatedConfig(ttft_ms=0, itl_ms=0, errors="503=1.0")) as srv:
+        async with http.post(srv.base_url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 503
+            assert (await resp.json())["error"]["code"] == "simulated_error"
+    async with SimulatedServer(SimulatedConfig(ttft_ms=0, itl_ms=0, errors="429=1.0")) as srv:
+        async with http.post(srv.base_url + "/v1/chat/completions", json=CHAT) as resp:
+            assert resp.status == 429
+    async with SimulatedServer(SimulatedConfig(ttft_ms=0, itl_ms=0, errors="disconnect=1.0")) as srv:
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            async with http.post(srv.base_url + "/v1/chat/completions", json=CHAT) as resp:
+                await resp.read()
+
+
+def test_advertised_settings_from_a_models_entry() -> None:
+    from opentela.engines.base import advertised_settings
+
+    entry = {"id": "m", "max_model_len": 8192, "otela": {"gpu": "H100", "simulated": True, "bad": [1]}}
+    assert advertised_settings(entry) == {"context_length": 8192, "gpu": "H100", "simulated": True}
+    assert advertised_settings({"id": "m"}) == {}

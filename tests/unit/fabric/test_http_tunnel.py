@@ -39,18 +39,38 @@ async def feed(data: bytes):
     st.binary(max_size=2048),
     st.text(min_size=1, max_size=40),
     st.dictionaries(st.sampled_from(["content-type", "accept"]), st.text(max_size=30)),
+    st.booleans(),
 )
-async def test_request_round_trip(method: str, path: str, body: bytes, rid: str, headers: dict) -> None:
-    stream = await feed(encode_request(TunnelRequest(method, path, body, rid, headers)))
+async def test_request_round_trip(
+    method: str, path: str, body: bytes, rid: str, headers: dict, timing: bool
+) -> None:
+    stream = await feed(encode_request(TunnelRequest(method, path, body, rid, headers, timing)))
     got = await read_request(stream, max_body=4096)
-    assert (got.method, got.path, got.body, got.request_id, got.headers) == (method, path, body, rid, headers)
+    assert (got.method, got.path, got.body, got.request_id, got.headers, got.timing) == (
+        method,
+        path,
+        body,
+        rid,
+        headers,
+        timing,
+    )
 
 
-@given(st.integers(100, 599), st.dictionaries(st.sampled_from(["content-type"]), st.text(max_size=30)))
-async def test_response_head_round_trip(status: int, headers: dict) -> None:
-    stream = await feed(encode_response_head(TunnelResponseHead(status, headers, "engine_crashed")) + b"body")
+@given(
+    st.integers(100, 599),
+    st.dictionaries(st.sampled_from(["content-type"]), st.text(max_size=30)),
+    st.one_of(st.none(), st.integers(0, 2**40)),
+)
+async def test_response_head_round_trip(status: int, headers: dict, engine_us: int | None) -> None:
+    head_out = TunnelResponseHead(status, headers, "engine_crashed", engine_us)
+    stream = await feed(encode_response_head(head_out) + b"body")
     head = await read_response_head(stream)
-    assert (head.status, head.headers, head.error_code) == (status, headers, "engine_crashed")
+    assert (head.status, head.headers, head.error_code, head.engine_us) == (
+        status,
+        headers,
+        "engine_crashed",
+        engine_us,
+    )
     assert await stream.read() == b"body"
 
 

@@ -1,6 +1,9 @@
 """Routing policies; built-ins are imported here so registration never depends on import order."""
 
+from opentela.gateway.policies import least_loaded_policy as _least_loaded  # noqa: F401
 from opentela.gateway.policies import random_policy as _random_policy  # noqa: F401
+from opentela.gateway.policies import round_robin_policy as _round_robin  # noqa: F401
+from opentela.gateway.policies import weighted_policy as _weighted  # noqa: F401
 from opentela.gateway.policies.base import (
     POLICIES,
     RoutedRequest,
@@ -8,5 +11,20 @@ from opentela.gateway.policies.base import (
     create_policy,
     register_policy,
 )
+from opentela.gateway.policies.least_loaded_policy import LeastLoadedPolicy, LeastPendingTokensPolicy
+from opentela.gateway.policies.random_policy import RandomPolicy
+from opentela.gateway.policies.round_robin_policy import RoundRobinPolicy
+from opentela.gateway.policies.weighted_policy import WeightedPolicy
 
-__all__ = ["POLICIES", "RoutedRequest", "RoutingPolicy", "create_policy", "register_policy"]
+__all__ = [
+    "POLICIES",
+    "LeastLoadedPolicy",
+    "LeastPendingTokensPolicy",
+    "RandomPolicy",
+    "RoundRobinPolicy",
+    "RoutedRequest",
+    "RoutingPolicy",
+    "WeightedPolicy",
+    "create_policy",
+    "register_policy",
+]

@@ -19,6 +19,8 @@ class RoutedRequest:
     stream: bool
     body_bytes: int
     attrs: dict[str, Any] = field(default_factory=dict)
+    tokens: int = 0
+    """Estimated prompt plus output tokens: what the request will cost the replica that serves it."""
 
 
 class RoutingPolicy(Protocol):

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from opentela.gateway._keys import GATEWAY_KEY
 from opentela.registry.record import NodeRecord
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def _replica(gw: Gateway, record: NodeRecord, model: str) -> dict[str, Any]:
 
 async def list_models(request: web.Request) -> web.Response:
     """GET /v1/models: the model registry view in OpenAI's shape, with each model's replicas."""
-    gw: Gateway = request.app["gateway"]
+    gw: Gateway = request.app[GATEWAY_KEY]
     data = []
     for model, records in sorted(gw.mesh.model_replicas().items()):
         data.append(
@@ -59,33 +60,39 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def dnt_table(request: web.Request) -> web.Response:
     """GET /v1/dnt/table: every record of the local replica."""
-    return web.json_response(request.app["gateway"].mesh.table())
+    return web.json_response(request.app[GATEWAY_KEY].mesh.table())
 
 
 async def dnt_peers(request: web.Request) -> web.Response:
     """GET /v1/dnt/peers: connected peers and their liveness as this node sees them."""
-    return web.json_response(request.app["gateway"].mesh.peers())
+    return web.json_response(request.app[GATEWAY_KEY].mesh.peers())
 
 
 async def dnt_bootstraps(request: web.Request) -> web.Response:
     """GET /v1/dnt/bootstraps: where this node bootstrapped from and where others can bootstrap from it."""
-    return web.json_response(request.app["gateway"].mesh.bootstraps())
+    return web.json_response(request.app[GATEWAY_KEY].mesh.bootstraps())
 
 
 async def dnt_stats(request: web.Request) -> web.Response:
     """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters."""
-    gw: Gateway = request.app["gateway"]
+    gw: Gateway = request.app[GATEWAY_KEY]
     stats = gw.mesh.stats()
-    stats["gateway"] = {"retries": gw.forwarder.retries, "policy": gw.forwarder.policy.name}
+    stats["gateway"] = {
+        "retries": gw.forwarder.retries,
+        "policy": gw.config.policy,
+        "request_policies": sorted(gw.router.policies),
+        "cooldowns": gw.router.health.cooldowns,
+        "cooling": gw.router.health.cooling(),
+    }
     return web.json_response(stats)
 
 
 async def health(request: web.Request) -> web.Response:
     """GET /v1/health: liveness of this node."""
-    return web.json_response(request.app["gateway"].mesh.health())
+    return web.json_response(request.app[GATEWAY_KEY].mesh.health())
 
 
 async def metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text format."""
-    body = request.app["gateway"].metrics.render()
+    body = request.app[GATEWAY_KEY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

@@ -1,0 +1,119 @@
+"""What a load run sends and when: arrival times and input/output lengths, from distributions or a trace."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from opentela.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    """One request of a run: when to send it (seconds from the start) and its sizes in tokens."""
+
+    at: float
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Token counts drawn from ``fixed:N`` (or just ``N``), ``uniform:LO:HI``, ``exp:MEAN``,
+    ``normal:MEAN:SD`` or ``lognormal:MEDIAN:SIGMA``; every draw is at least 1."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, spec: str) -> LengthDistribution:
+        """Read a spec string; ConfigError names the accepted forms."""
+        parts = spec.strip().split(":")
+        try:
+            if len(parts) == 1:
+                return cls("fixed", float(parts[0]))
+            kind, nums = parts[0].lower(), [float(p) for p in parts[1:]]
+        except ValueError:
+            raise ConfigError(f"cannot read length spec {spec!r}") from None
+        arity = {"fixed": 1, "uniform": 2, "exp": 1, "normal": 2, "lognormal": 2}
+        if kind not in arity or len(nums) != arity[kind] or any(n < 0 for n in nums):
+            raise ConfigError(
+                f"cannot read length spec {spec!r}: use N, fixed:N, uniform:LO:HI, exp:MEAN, "
+                "normal:MEAN:SD or lognormal:MEDIAN:SIGMA"
+            )
+        return cls(kind, *nums)
+
+    def draw(self, rng: random.Random) -> int:
+        """One token count."""
+        if self.kind == "fixed":
+            value = self.a
+        elif self.kind == "uniform":
+            value = rng.uniform(self.a, self.b)
+        elif self.kind == "exp":
+            value = rng.expovariate(1 / self.a) if self.a else 0
+        elif self.kind == "normal":
+            value = rng.gauss(self.a, self.b)
+        else:
+            value = rng.lognormvariate(math.log(max(self.a, 1e-9)), self.b)
+        return max(1, round(value))
+
+
+def poisson_plan(
+    rate: float,
+    inputs: LengthDistribution,
+    outputs: LengthDistribution,
+    rng: random.Random,
+    *,
+    duration: float | None = None,
+    count: int | None = None,
+) -> Iterator[PlannedRequest]:
+    """Open-loop Poisson arrivals at `rate` per second, until `duration` seconds or `count` requests."""
+    if rate <= 0:
+        raise ConfigError("the request rate must be > 0")
+    if duration is None and count is None:
+        raise ConfigError("give a duration or a number of requests")
+    t, n = 0.0, 0
+    while (duration is None or t < duration) and (count is None or n < count):
+        yield PlannedRequest(t, inputs.draw(rng), outputs.draw(rng))
+        n += 1
+        t += rng.expovariate(rate)
+
+
+def trace_plan(path: str | Path, *, speedup: float = 1.0, count: int | None = None) -> list[PlannedRequest]:
+    """Requests from a JSON-lines trace: ``{"timestamp": s, "input_tokens": n, "output_tokens": m}`` per line.
+
+    Timestamps may be absolute (they are shifted to start at 0) and are divided by `speedup`. The keys
+    ``prompt_tokens``/``input_len`` and ``completion_tokens``/``output_len`` are accepted too.
+    """
+    out: list[PlannedRequest] = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"cannot read trace {path}: {exc}") from None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            at = float(row.get("timestamp", row.get("time", 0.0)))
+            inp = int(row.get("input_tokens", row.get("prompt_tokens", row.get("input_len"))))
+            outp = int(row.get("output_tokens", row.get("completion_tokens", row.get("output_len"))))
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{path}:{number}: not a trace line ({exc})") from None
+        out.append(PlannedRequest(at, max(1, inp), max(1, outp)))
+    if not out:
+        raise ConfigError(f"trace {path} has no requests")
+    out.sort(key=lambda r: r.at)
+    start = out[0].at
+    plan = [PlannedRequest((r.at - start) / speedup, r.input_tokens, r.output_tokens) for r in out]
+    return plan[:count] if count is not None else plan
+
+
+def prompt_of(tokens: int) -> str:
+    """A prompt of about `tokens` tokens for common tokenizers (and for the four-characters-a-token estimate)."""
+    return "the " * tokens
