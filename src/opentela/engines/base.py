@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import os
 import shlex
 import socket
@@ -111,7 +112,7 @@ def parse_port(value: str, where: str) -> int:
     return port
 
 
-class EngineAdapter:
+class EngineAdapter(abc.ABC):
     """Knows one engine: how to recognise its command, where it listens, and how to build its command.
 
     Subclasses set the class attributes and implement `matches` and `build`; `from_command` is shared.
@@ -126,13 +127,13 @@ class EngineAdapter:
     health_path: ClassVar[str] = "/v1/models"
     ready_timeout: ClassVar[float] = 600.0
 
+    @abc.abstractmethod
     def matches(self, argv: Sequence[str]) -> bool:
         """True when argv runs this engine."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def build(self, model: str | None, port: int | None, **options: Any) -> EngineSpec:
         """The command that serves `model` on `port` (None or 0: a free port) with engine options."""
-        raise NotImplementedError
 
     def from_command(self, argv: str | Sequence[str], port: int | None = None) -> EngineSpec:
         """Wrap a user's command: find its port, or add a port flag when the command names none."""
