@@ -152,12 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     engine = sub.add_parser("engine", help="run an engine in the foreground")
     esub = engine.add_subparsers(dest="engine_cmd", required=True, metavar="ENGINE")
-    from opentela.engines import embedded, simulated
+    from opentela.engines import embedded, simulated_config
 
     emb = esub.add_parser("embedded", help="SmolLM2-135M-Instruct on llama.cpp (xllamacpp), CPU")
     embedded.add_arguments(emb)
     sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
-    simulated.add_simulated_arguments(sim)
+    simulated_config.add_simulated_arguments(sim)
 
     from opentela.netadmin import add_network_parser
 
@@ -280,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 run_from_args(args)
             else:
-                from opentela.engines.simulated import run_simulated, simulated_config_from_args
+                from opentela.engines.simulated import run_simulated
+                from opentela.engines.simulated_config import simulated_config_from_args
 
                 run_simulated(simulated_config_from_args(args))
             return 0

@@ -35,7 +35,9 @@ def test_demo_once_answers_and_names_the_node(tmp_path) -> None:
     assert "paris" in out.stdout.lower()
     assert MODEL_ID in out.stderr
     # The answer came through the API frontend with the demo's first key, and was metered.
-    assert "metered for key otela-" in out.stdout and " output tokens (dashboard http://127.0.0.1:" in out.stdout
+    assert (
+        "metered for key otela-" in out.stdout and " output tokens (dashboard http://127.0.0.1:" in out.stdout
+    )
 
 
 def test_start_rejects_engine_command_and_shorthand_together() -> None:
