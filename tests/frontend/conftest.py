@@ -12,6 +12,7 @@ import pytest_asyncio
 from aiohttp import web
 from frontend_services import INSTALL_TIMES, PostgresServer, Unavailable, ensure_chromium, postgres_server
 
+from loopback_http import serve_app
 from opentela.engines.embedded import MODEL_ID
 from opentela.localmesh import LocalMesh, embedded_engine_argv
 
@@ -80,12 +81,5 @@ async def recording_ingress() -> AsyncIterator[tuple[str, list[dict[str, str]]]]
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", seen
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url, seen

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from loopback_http import serve_app
 from opentela.localmesh import OTELA, LocalMesh, free_port
 from opentela.node.agent import EXIT_ENGINE_DIED, EXIT_ENGINE_UNHEALTHY, EXIT_FATAL_LOG_LINE
 
@@ -57,15 +58,8 @@ async def sink_server() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
 
     app = web.Application()
     app.router.add_post("/sink", collect)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/sink", received
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield f"{url}/sink", received
 
 
 async def test_hung_engine_fail_stops_after_the_unhealthy_limit(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from loopback_http import serve_app
 from opentela.errors import ConfigError
 from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
 
@@ -38,20 +40,15 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @pytest.fixture
 async def http_sink() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    runners: list[web.AppRunner] = []
+    async with contextlib.AsyncExitStack() as servers:
 
-    async def serve(handler: Handler) -> str:
-        app = web.Application()
-        app.router.add_post("/sink", handler)
-        runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/sink"
+        async def serve(handler: Handler) -> str:
+            app = web.Application()
+            app.router.add_post("/sink", handler)
+            url = await servers.enter_async_context(serve_app(app, shutdown_timeout=0.1))
+            return f"{url}/sink"
 
-    yield serve
-    for runner in runners:
-        await runner.cleanup()
+        yield serve
 
 
 async def test_file_sink_appends_reports_with_a_header(tmp_path: Path) -> None:

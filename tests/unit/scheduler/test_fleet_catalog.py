@@ -11,6 +11,7 @@ import pytest
 import yaml
 from aiohttp import web
 
+from loopback_http import serve_app
 from opentela.errors import ConfigError
 from opentela.fleetctl import ObservedRates, observed_by_workload, request_counts
 from opentela.gateway.metrics import GatewayMetrics
@@ -111,24 +112,17 @@ async def test_observed_rates_are_counter_changes_over_time() -> None:
 
     app = web.Application()
     app.router.add_get("/metrics", serve)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-    try:
-        async with aiohttp.ClientSession() as http:
-            rates = ObservedRates(url, min_window_s=0.0)
-            assert await rates.sample(http) == {}  # a first sample is only a baseline
-            metrics.requests.labels("m", "a", "200").inc(10)
-            observed = await rates.sample(http)
-            assert observed["m"] > 0
-            patient = ObservedRates(url, min_window_s=3600.0)
-            await patient.sample(http)
-            metrics.requests.labels("m", "a", "200").inc(10)
-            assert await patient.sample(http) == {}  # too short a window
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as base, aiohttp.ClientSession() as http:
+        url = f"{base}/v1"
+        rates = ObservedRates(url, min_window_s=0.0)
+        assert await rates.sample(http) == {}  # a first sample is only a baseline
+        metrics.requests.labels("m", "a", "200").inc(10)
+        observed = await rates.sample(http)
+        assert observed["m"] > 0
+        patient = ObservedRates(url, min_window_s=3600.0)
+        await patient.sample(http)
+        metrics.requests.labels("m", "a", "200").inc(10)
+        assert await patient.sample(http) == {}  # too short a window
 
 
 def test_the_shipped_example_catalog_is_valid() -> None:
