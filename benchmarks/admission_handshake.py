@@ -37,8 +37,8 @@ from opentela.fabric._config import FabricConfig
 from opentela.fabric.admission import Admission
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
+from opentela.fabric.join_tokens import JoinToken
 from opentela.fabric.tls import TlsMaterial, TlsSession
-from opentela.fabric.tokens import JoinToken
 
 
 def summary(samples: list[float]) -> dict[str, float]:

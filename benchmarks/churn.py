@@ -32,7 +32,7 @@ import aiohttp
 from opentela.bench.load import LoadSettings, send_one
 from opentela.bench.report import Outcome
 from opentela.bench.workload import PlannedRequest
-from opentela.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "llama-3.1-8b"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from opentela.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from convergence import percentiles, read_traces, wait_all_know
 
-from opentela.localmesh import LocalMesh
+from opentela.cli.localmesh import LocalMesh
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import aiohttp
 
+from opentela.cli.localmesh import OTELA, LocalMesh, NodeProcess, free_port
 from opentela.frontend.db import Database
 from opentela.frontend.keys import KeySettings, KeyStore
-from opentela.localmesh import OTELA, LocalMesh, NodeProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "sim-model"

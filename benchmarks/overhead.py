@@ -26,13 +26,13 @@ from pathlib import Path
 
 import aiohttp
 
+from opentela.cli.localmesh import OTELA, LocalMesh, free_port
 from opentela.fabric.http_tunnel import (
     TunnelRequest,
     TunnelResponseHead,
     encode_request,
     encode_response_head,
 )
-from opentela.localmesh import OTELA, LocalMesh, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _litellm import litellm_proxy, litellm_version

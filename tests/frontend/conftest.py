@@ -13,8 +13,8 @@ from aiohttp import web
 from frontend_services import INSTALL_TIMES, PostgresServer, Unavailable, ensure_chromium, postgres_server
 
 from loopback_http import serve_app
+from opentela.cli.localmesh import LocalMesh, embedded_engine_argv
 from opentela.engines.embedded import MODEL_ID
-from opentela.localmesh import LocalMesh, embedded_engine_argv
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from opentela.cli.localmesh import OTELA, NodeProcess, free_port
 from opentela.frontend import Frontend, FrontendConfig
-from opentela.localmesh import OTELA, NodeProcess, free_port
 
 ADMIN_TOKEN = "otela-admin-test-" + uuid.uuid4().hex
 

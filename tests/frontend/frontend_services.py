@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from opentela.localmesh import free_port
+from opentela.cli.localmesh import free_port
 
 INSTALL_TIMES: dict[str, float] = {}
 CHROMIUM = Path("/usr/bin/chromium")

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from opentela.localmesh import OTELA, NodeProcess, free_port
+from opentela.cli.localmesh import OTELA, NodeProcess, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ import pytest
 from frontend_helpers import FrontendProcess
 from sqlalchemy import select
 
+from opentela.cli.localmesh import LocalMesh
 from opentela.engines.embedded import MODEL_ID
 from opentela.frontend.db import Database
 from opentela.frontend.keys import KeySettings, KeyStore
 from opentela.frontend.schema import UsageRow
-from opentela.localmesh import LocalMesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

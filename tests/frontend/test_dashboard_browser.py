@@ -17,11 +17,11 @@ from frontend_helpers import ADMIN_TOKEN, start_frontend
 from frontend_services import CHROMIUM_FLAGS
 from sqlalchemy import select
 
+from opentela.cli.localmesh import LocalMesh
 from opentela.engines.embedded import MODEL_ID
 from opentela.frontend import Frontend
 from opentela.frontend.keys import KeySettings
 from opentela.frontend.schema import UsageRow
-from opentela.localmesh import LocalMesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

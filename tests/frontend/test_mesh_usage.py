@@ -15,11 +15,11 @@ from frontend_helpers import ADMIN_TOKEN, start_frontend
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
+from opentela.cli.localmesh import LocalMesh
 from opentela.engines.embedded import MODEL_ID
 from opentela.frontend import Frontend
 from opentela.frontend.keys import KeySettings
 from opentela.frontend.schema import UsageRow
-from opentela.localmesh import LocalMesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 

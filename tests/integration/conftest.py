@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from opentela.cli.localmesh import LocalMesh, embedded_engine_argv
 from opentela.engines.embedded import MODEL_ID
-from opentela.localmesh import LocalMesh, embedded_engine_argv
 
 pytestmark = pytest.mark.integration
 

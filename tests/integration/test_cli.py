@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from opentela.cli.localmesh import free_port
 from opentela.engines.embedded import MODEL_ID
-from opentela.localmesh import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from opentela._types import PROTO_GOSSIP, Lifecycle
+from opentela.cli.localmesh import OTELA, LocalMesh
 from opentela.errors import AdmissionError
 from opentela.fabric.admission import Admission
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
+from opentela.fabric.join_tokens import JoinToken
 from opentela.fabric.messages import write_msg
-from opentela.fabric.tokens import JoinToken
-from opentela.localmesh import OTELA, LocalMesh
 from opentela.registry.record import ModelEntry, NodeRecord
 
 pytestmark = pytest.mark.integration

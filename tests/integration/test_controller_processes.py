@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from opentela.cli.localmesh import OTELA, LocalMesh, NodeProcess
 from opentela.fabric.identity import Identity
-from opentela.localmesh import OTELA, LocalMesh, NodeProcess
 
 pytestmark = pytest.mark.integration
 

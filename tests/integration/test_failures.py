@@ -12,8 +12,8 @@ import psutil
 import pytest
 import pytest_asyncio
 
+from opentela.cli.localmesh import OTELA, LocalMesh, embedded_engine_argv
 from opentela.engines.embedded import MODEL_ID
-from opentela.localmesh import OTELA, LocalMesh, embedded_engine_argv
 
 pytestmark = pytest.mark.integration
 

@@ -9,8 +9,8 @@ import aiohttp
 import openai
 import pytest
 
+from opentela.cli.localmesh import LocalMesh
 from opentela.engines.embedded import MODEL_ID
-from opentela.localmesh import LocalMesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from tests_support_netns import Namespaces, drop_inbound_connections, in_ns, require_netns
 
-from opentela.localmesh import OTELA, NodeProcess
+from opentela.cli.localmesh import OTELA, NodeProcess
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 from tests_support_netns import Namespaces, in_ns, require_netns
 
-from opentela.localmesh import OTELA, NodeProcess
+from opentela.cli.localmesh import OTELA, NodeProcess
 
 pytestmark = pytest.mark.integration
 

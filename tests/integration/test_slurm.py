@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tests_support_slurm import SlurmCluster, SlurmUnavailable, ensure_installed
 
-from opentela.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from opentela.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from opentela.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from opentela.errors import AdmissionError
 from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity
-from opentela.fabric.tokens import TOKEN_PREFIX, Grant, JoinToken, MembershipProof
+from opentela.fabric.join_tokens import TOKEN_PREFIX, Grant, JoinToken, MembershipProof
 
 NET = Ed25519PrivateKey.generate()
 TOKEN = JoinToken.issue(NET, "lab-a", expires_at=4_000_000_000)

@@ -12,8 +12,8 @@ from opentela.errors import HandshakeError
 from opentela.fabric import handshake as hs
 from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity
+from opentela.fabric.join_tokens import JoinToken
 from opentela.fabric.tls import TlsMaterial
-from opentela.fabric.tokens import JoinToken
 
 NET = Ed25519PrivateKey.generate()
 SERVER, CLIENT = Identity.generate(), Identity.generate()

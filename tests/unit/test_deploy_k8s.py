@@ -12,7 +12,7 @@ import yaml
 from opentela.config import env_name, iter_fields
 
 K8S = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
-CLI = Path(__file__).resolve().parents[2] / "src" / "opentela" / "cli.py"
+CLI = Path(__file__).resolve().parents[2] / "src" / "opentela" / "cli"
 
 
 def documents() -> list[dict[str, Any]]:
@@ -81,7 +81,8 @@ def test_workers_bootstrap_through_the_bootstrap_service() -> None:
 def test_every_otela_variable_is_a_real_setting() -> None:
     """Each OTELA_* variable is in the configuration reference, or one `otela` reads itself (logging)."""
     settings = {env_name(section, f.name) for section, f, _ in iter_fields()}
-    read_by_cli = set(re.findall(r'os\.environ\.get\("(OTELA_[A-Z_]+)"', CLI.read_text()))
+    cli_source = "".join(path.read_text() for path in CLI.glob("*.py"))
+    read_by_cli = set(re.findall(r'os\.environ\.get\("(OTELA_[A-Z_]+)"', cli_source))
     used = {e["name"] for c in containers() for e in c.get("env", []) if e["name"].startswith("OTELA_")}
     assert used, "the examples configure nodes through OTELA_* variables"
     unknown = used - settings - read_by_cli

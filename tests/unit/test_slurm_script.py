@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from opentela.cli import build_parser, main
+from opentela.cli.main import build_parser, main
+from opentela.cli.slurm import SlurmJob, current_otela, render_script, time_limit_seconds
 from opentela.errors import ConfigError
-from opentela.slurm import SlurmJob, current_otela, render_script, time_limit_seconds
 
 
 def write(tmp_path: Path, *flags: str) -> str:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from opentela.engines.base import EngineAdapter, EngineSpec, as_argv
+from opentela.engines.base import Engine, EngineSpec, as_argv
 from opentela.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class Registry(Generic[T]):
         return obj
 
 
-ENGINES: Registry[type[EngineAdapter]] = Registry(
+ENGINES: Registry[type[Engine]] = Registry(
     "engine",
     builtins=(
         "opentela.engines.embedded",
@@ -131,7 +131,7 @@ ENGINES: Registry[type[EngineAdapter]] = Registry(
 register_engine = ENGINES.register
 
 
-def engine_adapter(name: str) -> EngineAdapter:
+def engine_adapter(name: str) -> Engine:
     """The adapter registered under `name` (``vllm``, ``sglang``, ``llamacpp``, ``embedded``, ...)."""
     return ENGINES.get(name)()
 

@@ -1,4 +1,4 @@
-"""The engine contract: an `EngineSpec` says how to run and reach one engine, an `EngineAdapter` builds it."""
+"""The engine contract: an `EngineSpec` says how to run and reach one engine, an `Engine` builds it."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def parse_port(value: str, where: str) -> int:
     return port
 
 
-class EngineAdapter(abc.ABC):
+class Engine(abc.ABC):
     """Knows one engine: how to recognise its command, where it listens, and how to build its command.
 
     Subclasses set the class attributes and implement `matches` and `build`; `from_command` is shared.

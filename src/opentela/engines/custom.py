@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentela.engines._registry import register_engine
-from opentela.engines.base import EngineAdapter, EngineSpec, as_argv, find_flag
+from opentela.engines.base import Engine, EngineSpec, as_argv, find_flag
 from opentela.errors import ConfigError
 
 
 @register_engine()
-class CustomEngine(EngineAdapter):
+class CustomEngine(Engine):
     """Any OpenAI-compatible server: the port comes from ``--port N`` in the command or is given explicitly.
 
     A ``{port}`` placeholder in the command (``my-server --listen 127.0.0.1:{port}``) is replaced by the

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from opentela.engines._registry import register_engine
-from opentela.engines.base import EngineAdapter, EngineSpec, free_port, module_index, program_index
+from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
 from opentela.errors import ConfigError, EngineUnavailableError
 
 MODEL_ID = "SmolLM2-135M-Instruct"
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 @register_engine()
-class EmbeddedEngine(EngineAdapter):
+class EmbeddedEngine(Engine):
     """The embedded SmolLM2 engine, run as ``python -m opentela engine embedded``."""
 
     name = "embedded"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentela.engines._registry import register_engine
-from opentela.engines.base import EngineAdapter, EngineSpec, free_port, options_to_flags, program_index
+from opentela.engines.base import Engine, EngineSpec, free_port, options_to_flags, program_index
 from opentela.errors import ConfigError
 
 # Option names accepted by `build`, and llama-server's flags.
@@ -29,7 +29,7 @@ LLAMACPP_OPTIONS = {
 
 
 @register_engine()
-class LlamacppEngine(EngineAdapter):
+class LlamacppEngine(Engine):
     """llama.cpp's ``llama-server`` (default port 8080 on loopback)."""
 
     name = "llamacpp"

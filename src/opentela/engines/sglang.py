@@ -8,7 +8,7 @@ from typing import Any
 
 from opentela.engines._registry import register_engine
 from opentela.engines.base import (
-    EngineAdapter,
+    Engine,
     EngineSpec,
     free_port,
     module_index,
@@ -35,7 +35,7 @@ SGLANG_OPTIONS = {
 
 
 @register_engine()
-class SglangEngine(EngineAdapter):
+class SglangEngine(Engine):
     """SGLang's server (default port 30000, loopback unless ``--host`` says otherwise)."""
 
     name = "sglang"

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from opentela.engines._registry import register_engine
-from opentela.engines.base import EngineAdapter, EngineSpec, free_port, module_index, program_index
+from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
 from opentela.engines.simulated_config import (
     ERROR_KINDS,
     SimulatedConfig,
@@ -510,7 +510,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 @register_engine()
-class SimulatedEngine(EngineAdapter):
+class SimulatedEngine(Engine):
     """The simulated engine, run as ``python -m opentela engine simulated``."""
 
     name = "simulated"

@@ -7,7 +7,7 @@ from typing import Any
 
 from opentela.engines._registry import register_engine
 from opentela.engines.base import (
-    EngineAdapter,
+    Engine,
     EngineSpec,
     free_port,
     module_index,
@@ -35,7 +35,7 @@ VLLM_OPTIONS = {
 
 
 @register_engine()
-class VllmEngine(EngineAdapter):
+class VllmEngine(Engine):
     """vLLM's OpenAI-compatible server (default port 8000; binds all interfaces unless ``--host`` says so)."""
 
     name = "vllm"

@@ -13,7 +13,7 @@ from opentela._types import PeerId
 from opentela.errors import AdmissionError, ConfigError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.identity import Identity, public_key_from_peer_id
-from opentela.fabric.tokens import Grant, JoinToken, MembershipProof, iso_time, network_key_of
+from opentela.fabric.join_tokens import Grant, JoinToken, MembershipProof, iso_time, network_key_of
 
 CLOCK_SKEW = 300.0  # seconds a grant's issue time may lie in our future (clocks of operator and nodes differ)
 

@@ -24,8 +24,8 @@ from opentela._types import PeerId
 from opentela.errors import AdmissionError, HandshakeError
 from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity, peer_id_from_public_key, verify_signature
+from opentela.fabric.join_tokens import Grant
 from opentela.fabric.tls import fingerprint, peer_id_from_certificate
-from opentela.fabric.tokens import Grant
 
 MAGIC = b"OTLA"
 VERSION = 2

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
+from opentela._tasks import TaskSet
 from opentela._types import PROTO_RELAY, PeerId, ProtocolName, Stream
 from opentela.errors import (
     AdmissionError,
@@ -25,6 +26,7 @@ from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
+from opentela.fabric.join_tokens import Grant
 from opentela.fabric.mux import MuxConnection
 from opentela.fabric.relay import (
     RelayService,
@@ -37,7 +39,6 @@ from opentela.fabric.relay import (
 )
 from opentela.fabric.stream import MuxStream
 from opentela.fabric.tls import TlsMaterial
-from opentela.fabric.tokens import Grant
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,10 @@ _Target = tuple[str, int, PeerId | None]
 _STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
 _CLOSE_TIMEOUT = 2.0
 _NEVER = 10 * 365 * 86400.0  # token expiries further away than this are not worth a timer (nor its overflow)
+
+
+def _ignore_task_error(task: asyncio.Task[Any], exc: BaseException) -> None:
+    """Retrieve and drop: a failed dial is reported to whoever awaited it, if anyone."""
 
 
 class Host:
@@ -71,7 +76,8 @@ class Host:
         self._conns: dict[PeerId, MuxConnection] = {}
         self._live: set[MuxConnection] = set()
         self._dialing: dict[Any, asyncio.Task[PeerId]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Dial errors reach whoever awaits the dial; handler errors are logged by the handler runner.
+        self._tasks = TaskSet("fabric", on_error=_ignore_task_error)
         self._timers: set[asyncio.TimerHandle] = set()
         self._expiry: dict[MuxConnection, asyncio.TimerHandle] = {}
         self._announced: set[PeerId] = set()
@@ -240,11 +246,7 @@ class Host:
         for timer in self._timers:
             timer.cancel()
         self._timers.clear()
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=_CLOSE_TIMEOUT)
+        await self._tasks.aclose(timeout=_CLOSE_TIMEOUT)
         conns = list(self._live)
         for conn in conns:
             conn.close(ErrorCode.NO_ERROR, "host shutting down")
@@ -261,15 +263,7 @@ class Host:
 
     # --- tasks ----------------------------------------------------------------------------------------------
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
-        task = self._loop.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here: dial errors are reported to whoever awaited, if anyone
+        return self._tasks.spawn(coro, name)
 
     # --- inbound --------------------------------------------------------------------------------------------
     def _new_conn(self, initiator: bool) -> MuxConnection:
@@ -295,7 +289,7 @@ class Host:
 
     def _on_inbound_secure(self, conn: MuxConnection) -> None:
         if not self._closed:
-            self._spawn(self._accept(conn), "otela-fabric-accept")
+            self._spawn(self._accept(conn), "fabric-accept")
 
     async def _accept(self, conn: MuxConnection) -> None:
         try:
@@ -336,7 +330,7 @@ class Host:
         timeout = self.config.dial_timeout if timeout is None else timeout
         if task is None:
             deadline = self._loop.time() + timeout
-            task = self._spawn(self._dial(expected, targets, deadline), f"otela-dial-{key}")
+            task = self._spawn(self._dial(expected, targets, deadline), f"dial-{key}")
             self._dialing[key] = task
             task.add_done_callback(lambda t: self._forget_dial(key, t))
         try:
@@ -631,7 +625,7 @@ class Host:
         if self._closed:
             stream.reset(ErrorCode.REFUSED_STREAM, "host shutting down")
             return
-        self._spawn(self._run_handler(handler, stream), f"otela-handler-{stream.protocol}")
+        self._spawn(self._run_handler(handler, stream), f"handler-{stream.protocol}")
 
     async def _run_handler(self, handler: Handler, stream: MuxStream) -> None:
         try:

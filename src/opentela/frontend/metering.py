@@ -22,7 +22,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from opentela.errors import OpenTelaError, UpstreamTimeout
 from opentela.frontend.ingress import IngressClient, IngressUnavailableError
-from opentela.frontend.tokens import (
+from opentela.frontend.token_counts import (
     SseEvents,
     TokenCount,
     chunk_text,

@@ -22,7 +22,7 @@ from opentela.gateway.constraints import (
     parse_constraints,
     satisfying,
 )
-from opentela.gateway.health import ReplicaHealth
+from opentela.gateway.cooldown import ReplicaHealth
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy, create_policy
 from opentela.gateway.trust import TRUST_HEADER, resolve_allowlist, trusted

@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from opentela._tasks import TaskSet, log_task_error
 from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec, advertised_settings
 from opentela.errors import ConfigError, EngineCrashedError, OpenTelaError, UpstreamTimeout
@@ -26,9 +27,9 @@ from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
 from opentela.fabric.relay import circuit_addr
 from opentela.node._config import NodeConfig
-from opentela.node.control import Assignment, ControlService
+from opentela.node.control import ControlService, EngineAssignment
+from opentela.node.engine_health import check_http, watch_health
 from opentela.node.hardware import probe_hardware
-from opentela.node.health import check_http, watch_health
 from opentela.node.http_service import LocalEngineProxy
 from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
 from opentela.node.logwatch import FatalLogWatch, compile_patterns
@@ -123,7 +124,7 @@ class NodeAgent:
         self.exit_code: int | None = None
         self._stop = asyncio.Event()
         self._engine_ready = False
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("node", on_error=self._task_failed)
         self._failures: dict[str, int] = {}
         self._closers: list[Any] = []
         self._found_private = False
@@ -240,7 +241,7 @@ class NodeAgent:
             return f"the node is {self.registry.local.lifecycle.name}, not idle"
         return None
 
-    def assign_engine(self, assignment: Assignment) -> None:
+    def assign_engine(self, assignment: EngineAssignment) -> None:
         """Start an assigned engine, as if the node had been started with it; the caller checked it is idle."""
         assert self.registry is not None
         self.engine = assignment.spec
@@ -309,16 +310,12 @@ class NodeAgent:
         self.registry.on_change(write)
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(coro, name=f"otela-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+        return self._tasks.spawn(coro, name)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.error("%s failed", task.get_name(), exc_info=task.exception())
-            self.request_stop(1)
+    def _task_failed(self, task: asyncio.Task[Any], exc: BaseException) -> None:
+        # A node task that fails is a bug or a lost resource: stop with an error rather than limp on.
+        log_task_error(task, exc)
+        self.request_stop(1)
 
     async def _bootstrap(self) -> None:
         assert self.host is not None
@@ -507,9 +504,7 @@ class NodeAgent:
             with contextlib.suppress(OpenTelaError):
                 self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
                 await self.gossip.flush(timeout=2.0)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.aclose()
         if self.supervisor is not None:
             await self.supervisor.stop(timeout=self.node_config.stop_timeout)
         await self.proxy.aclose()

@@ -48,7 +48,7 @@ class Refusal(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
-class Assignment:
+class EngineAssignment:
     """A validated ``assign`` request: what to serve and how to start it."""
 
     model: str
@@ -83,7 +83,7 @@ def render_template(command: str | Sequence[str], values: Mapping[str, str]) -> 
     return out
 
 
-def parse_assignment(message: Any, controller: PeerId) -> Assignment:
+def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
     """Validate an ``assign`` request and build its engine spec; Refusal says what is wrong."""
     if not isinstance(message, Mapping) or message.get("op") != "assign":
         raise Refusal("bad_request", "expected a map with op = 'assign'")
@@ -118,7 +118,7 @@ def parse_assignment(message: Any, controller: PeerId) -> Assignment:
         raise Refusal("bad_template", str(exc)) from None
     if gpus:
         spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": values["gpus"]})
-    return Assignment(model, spec, tp, tuple(gpus), device, controller)
+    return EngineAssignment(model, spec, tp, tuple(gpus), device, controller)
 
 
 class ControlService:
@@ -129,7 +129,7 @@ class ControlService:
         controllers: Sequence[PeerId],
         accept_any: bool,
         busy: Callable[[], str | None],
-        start: Callable[[Assignment], None],
+        start: Callable[[EngineAssignment], None],
     ) -> None:
         self.controllers = frozenset(controllers)
         self.accept_any = accept_any
@@ -140,7 +140,7 @@ class ControlService:
         who = "any" if self.accept_any else f"{len(self.controllers)} controllers"
         return f"<ControlService {who} {self.counters}>"
 
-    def check(self, message: Any, sender: PeerId) -> Assignment:
+    def check(self, message: Any, sender: PeerId) -> EngineAssignment:
         """The assignment to start, or Refusal: not authorised, busy, or a bad request or template."""
         if not self.accept_any and sender not in self.controllers:
             why = (

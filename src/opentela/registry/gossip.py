@@ -21,6 +21,7 @@ from typing import Any
 
 import msgpack
 
+from opentela._tasks import TaskSet
 from opentela._types import PROTO_GOSSIP, Lifecycle, PeerId, Stream
 from opentela.errors import OpenTelaError, ProtocolError
 from opentela.fabric.host import Host
@@ -55,7 +56,7 @@ class Gossip:
         self._rng = random.Random()
         self._pending: dict[str, NodeRecord] = {}
         self._wake = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("gossip")
         self.counters: dict[str, int] = {
             "bytes_out": 0,
             "bytes_in": 0,
@@ -80,15 +81,10 @@ class Gossip:
 
     async def aclose(self) -> None:
         """Stop all gossip tasks."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._tasks.aclose()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=f"otela-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro, name)
 
     def stats(self) -> dict[str, Any]:
         """Traffic and round counters."""

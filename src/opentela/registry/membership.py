@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from opentela._tasks import TaskSet
 from opentela._types import PROTO_PROBE, Lifecycle, PeerId, SessionId, Stream
 from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
@@ -65,7 +66,7 @@ class Membership:
         self.unreachable: dict[PeerId, str] = {}
         self.last_seen: dict[PeerId, float] = {}
         self._probing: set[SessionId] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("swim")
         self._closed = False
         self.counters: dict[str, int] = {
             "probes_sent": 0,
@@ -95,18 +96,10 @@ class Membership:
     async def aclose(self) -> None:
         """Stop probing."""
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self._tasks.aclose()
 
     def _spawn(self, coro: Any, name: str) -> None:
-        if self._closed:
-            coro.close()
-            return
-        task = asyncio.create_task(coro, name=f"otela-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro, name)
 
     def restart(self, session: SessionId) -> None:
         """Our node carries on under a new session."""

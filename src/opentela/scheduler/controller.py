@@ -12,7 +12,7 @@ from typing import Any
 
 from opentela._types import Lifecycle
 from opentela.errors import OpenTelaError
-from opentela.scheduler.fleet import Assignment, assign, cluster_of, idle_nodes
+from opentela.scheduler.fleet import ReplicaAssignment, assign, cluster_of, idle_nodes
 from opentela.scheduler.hardware import HardwareCatalog
 from opentela.scheduler.placement import Problem, check_plan, get_policy
 from opentela.scheduler.tables import SimSettings, TableBuilder
@@ -52,7 +52,7 @@ class ControllerConfig:
 
 
 def assignment_message(
-    a: Assignment, engine: str, launch: Mapping[str, Any] | None = None, served_as: str | None = None
+    a: ReplicaAssignment, engine: str, launch: Mapping[str, Any] | None = None, served_as: str | None = None
 ) -> dict[str, Any]:
     """The ``assign`` control message: start `a.model` with `engine` (or `launch`'s command) on GPUs `a.gpus`."""
     message: dict[str, Any] = {
@@ -116,7 +116,9 @@ class FleetController:
             for w in self.config.workloads
         ]
 
-    def decide(self, now: float | None = None, records: Sequence[Any] | None = None) -> list[Assignment]:
+    def decide(
+        self, now: float | None = None, records: Sequence[Any] | None = None
+    ) -> list[ReplicaAssignment]:
         """This round's assignments (blocking: simulation and solve); empty when there is nothing to do."""
         now = time.monotonic() if now is None else now
         records = list(self._records()) if records is None else records
@@ -163,7 +165,7 @@ class FleetController:
                     "assign.failed", extra={"peer_id": peer, "model": model, "reason": record.reason}
                 )
 
-    def _place(self, wanted: Sequence[Workload], nodes: Sequence[Any]) -> list[Assignment] | None:
+    def _place(self, wanted: Sequence[Workload], nodes: Sequence[Any]) -> list[ReplicaAssignment] | None:
         """A plan of `wanted` over `nodes`, packed onto them; None when no placement serves all of them."""
         cluster = cluster_of(nodes, self._catalog)
         try:
@@ -188,7 +190,7 @@ class FleetController:
             logger.warning("placement.unplaced", extra={"replicas": len(missing)})
         return assignments
 
-    async def run_round(self) -> list[tuple[Assignment, dict[str, Any]]]:
+    async def run_round(self) -> list[tuple[ReplicaAssignment, dict[str, Any]]]:
         """Decide off the event loop, then send every assignment; a peer that fails is free again next round."""
         self.rounds += 1
         # The records are read here, on the event loop that updates them; the solve runs in a thread.

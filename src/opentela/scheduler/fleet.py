@@ -129,7 +129,7 @@ _CPU_SLOT = -1  # the one device of a CPU node, which has no GPU index
 
 
 @dataclass(frozen=True)
-class Assignment:
+class ReplicaAssignment:
     """One replica to start: `model` on GPUs `gpus` of node `peer_id` (none: a CPU node), tensor-parallel."""
 
     peer_id: str
@@ -141,7 +141,7 @@ class Assignment:
 
 def assign(
     plan: Plan, nodes: Sequence[IdleNode], *, one_per_node: bool = False
-) -> tuple[list[Assignment], list[tuple[str, str, int]]]:
+) -> tuple[list[ReplicaAssignment], list[tuple[str, str, int]]]:
     """Pack each group's replicas onto nodes of its device type (TP never spans nodes).
 
     With `one_per_node` a node takes at most one replica (an OpenTela node runs one engine); the GPUs it has
@@ -154,7 +154,7 @@ def assign(
     free = {(n.peer_id, n.device): list(n.gpus) or [_CPU_SLOT] for n in nodes}
     replicas = [(g.model, g.device, g.tp) for g in plan.groups for _ in range(g.dp)]
     replicas.sort(key=lambda r: -r[2])
-    done: list[Assignment] = []
+    done: list[ReplicaAssignment] = []
     missing: list[tuple[str, str, int]] = []
     for model, device, tp in replicas:
         fits = [key for key, gpus in free.items() if key[1] == device and len(gpus) >= tp]
@@ -166,5 +166,5 @@ def assign(
         if one_per_node:
             for other in [k for k in free if k[0] == key[0]]:
                 del free[other]
-        done.append(Assignment(key[0], model, device, tp, tuple(g for g in gpus if g != _CPU_SLOT)))
+        done.append(ReplicaAssignment(key[0], model, device, tp, tuple(g for g in gpus if g != _CPU_SLOT)))
     return done, missing

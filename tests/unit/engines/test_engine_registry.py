@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opentela.engines._registry import ENGINES, Registry, engine_adapter
-from opentela.engines.base import EngineAdapter
+from opentela.engines.base import Engine
 from opentela.errors import ConfigError
 
 
@@ -45,7 +45,7 @@ def test_unknown_name_lists_known_ones() -> None:
 
 def test_import_path_loads_an_operator_plugin() -> None:
     reg: Registry[object] = Registry("thing")
-    assert reg.get("opentela.engines.base:EngineAdapter") is EngineAdapter
+    assert reg.get("opentela.engines.base:Engine") is Engine
     with pytest.raises(ConfigError, match="cannot load"):
         reg.get("opentela.engines.base:Missing")
 
@@ -59,6 +59,6 @@ def test_builtins_load_on_first_lookup() -> None:
 def test_builtin_engine_names_match_their_adapters() -> None:
     for name in ENGINES.names():
         adapter = engine_adapter(name)
-        assert isinstance(adapter, EngineAdapter) and adapter.name == name
+        assert isinstance(adapter, Engine) and adapter.name == name
     with pytest.raises(ValueError, match="already registered"):
-        ENGINES.register("vllm")(type("Other", (EngineAdapter,), {}))
+        ENGINES.register("vllm")(type("Other", (Engine,), {}))

@@ -14,7 +14,7 @@ from opentela.errors import AdmissionError, ConfigError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.identity import Identity, _b58encode
-from opentela.fabric.tokens import (
+from opentela.fabric.join_tokens import (
     JoinToken,
     MembershipProof,
     create_network_key,

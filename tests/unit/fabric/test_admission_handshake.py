@@ -19,9 +19,9 @@ from opentela.fabric.addresses import parse_addr
 from opentela.fabric.admission import Admission
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
+from opentela.fabric.join_tokens import JoinToken
 from opentela.fabric.relay import circuit_addr
 from opentela.fabric.tls import TlsMaterial
-from opentela.fabric.tokens import JoinToken
 
 NET = Ed25519PrivateKey.generate()
 OTHER_NET = Ed25519PrivateKey.generate()

@@ -111,7 +111,7 @@ async def test_operator_policy_by_import_path_routes_and_hears_every_attempt() -
 
 
 def test_start_flag_selects_the_ingress_policy() -> None:
-    from opentela.cli import _start_flags, build_parser
+    from opentela.cli.main import _start_flags, build_parser
     from opentela.config import load_config
 
     args = build_parser().parse_args(["start", "--ingress", "--policy", "least_loaded"])

@@ -11,7 +11,7 @@ from opentela._types import PROTO_CONTROL
 from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
 from opentela.fabric.messages import read_msg, write_msg
-from opentela.node.control import Assignment, ControlService, Refusal, parse_assignment, render_template
+from opentela.node.control import ControlService, EngineAssignment, Refusal, parse_assignment, render_template
 
 CONTROLLER = Identity.generate().peer_id
 STRANGER = Identity.generate().peer_id
@@ -83,7 +83,7 @@ def test_bad_assignments_are_refused_with_a_reason(message: dict[str, Any], code
 
 
 def service(busy: str | None = None, controllers: tuple[str, ...] = (CONTROLLER,), any_: bool = False):
-    started: list[Assignment] = []
+    started: list[EngineAssignment] = []
     return ControlService(controllers, any_, lambda: busy, started.append), started
 
 

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from opentela._types import Lifecycle
 from opentela.fabric.admission import Admission
 from opentela.fabric.identity import Identity
-from opentela.fabric.tokens import JoinToken
+from opentela.fabric.join_tokens import JoinToken
 from opentela.registry.record import ModelEntry, NodeRecord
 from opentela.registry.registry import Registry
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from opentela.cli import main
+from opentela.cli.main import main
 from opentela.fabric.identity import Identity
 
 

@@ -12,8 +12,8 @@ import yaml
 from aiohttp import web
 
 from loopback_http import serve_app
+from opentela.cli.controller import ObservedRates, observed_by_workload, request_counts
 from opentela.errors import ConfigError
-from opentela.fleetctl import ObservedRates, observed_by_workload, request_counts
 from opentela.gateway.metrics import GatewayMetrics
 from opentela.scheduler.fleet_catalog import load_fleet_catalog, parse_fleet_catalog
 

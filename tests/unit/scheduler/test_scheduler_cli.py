@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opentela.cli import main
+from opentela.cli.main import main
 
 
 def test_simulate_prints_metrics_as_json(capsys: pytest.CaptureFixture[str]) -> None:

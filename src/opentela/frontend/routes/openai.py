@@ -15,7 +15,7 @@ from opentela.frontend.keys import key_info
 from opentela.frontend.metering import forward, plan_forward
 from opentela.frontend.schema import ApiKey
 from opentela.frontend.state import FrontendState, bearer_token, state_of
-from opentela.frontend.tokens import estimate_input_tokens, sampling_params
+from opentela.frontend.token_counts import estimate_input_tokens, sampling_params
 from opentela.frontend.validation import ENDPOINTS, parse_body, validate
 
 logger = logging.getLogger(__name__)

@@ -79,7 +79,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
             url = await gateway.start(host, port)
             print(f"api       {url}/v1", file=sys.stderr)
             if config.frontend.enabled:
-                from opentela.frontend_runner import print_frontend, start_frontend
+                from opentela.cli.frontend import print_frontend, start_frontend
 
                 frontend = await start_frontend(config, ingress_url=url)
                 print_frontend(frontend, config)

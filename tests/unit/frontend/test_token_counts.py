@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opentela.frontend.tokens import (
+from opentela.frontend.token_counts import (
     SseEvents,
     chunk_text,
     estimate_input_tokens,

@@ -32,7 +32,7 @@ from opentela.fabric.messages import read_msg, write_msg
 from opentela.node.agent import NodeAgent
 from opentela.registry.record import NodeRecord
 from opentela.scheduler.controller import FleetController
-from opentela.scheduler.fleet import Assignment
+from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
 
 logger = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class FleetControllerNode:
                 await asyncio.sleep(1.0)  # let the joining node's record settle (and others join with it)
 
 
-def print_result(a: Assignment, answer: Mapping[str, Any]) -> None:
+def print_result(a: ReplicaAssignment, answer: Mapping[str, Any]) -> None:
     """One JSON line per assignment on stdout: what went where, and the node's answer."""
     line = {
         "event": "assign",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from opentela.node.health import HealthVerdict, watch_health
+from opentela.node.engine_health import HealthVerdict, watch_health
 
 
 def test_consecutive_failures_reach_the_limit_and_a_pass_resets_them() -> None:

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         "every `otela start` flag given here is passed on.",
     )
     _add_start_flags(slurm)
-    from opentela import slurm as slurm_jobs
+    from opentela.cli import slurm as slurm_jobs
 
     slurm_jobs.add_arguments(slurm)
 
@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-format", choices=["text", "json"], default=os.environ.get("OTELA_LOG_FORMAT", "text")
     )
 
-    from opentela.keys_cli import add_keys_arguments
+    from opentela.cli.keys import add_keys_arguments
 
     add_keys_arguments(
         sub.add_parser("keys", help="create, list, revoke, rotate API keys; usage; trace export")
@@ -159,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim = esub.add_parser("simulated", help="a SIMULATED OpenAI server with configurable timing and failures")
     simulated_config.add_simulated_arguments(sim)
 
-    from opentela.netadmin import add_network_parser
+    from opentela.cli.network import add_network_parser
 
     add_network_parser(sub)
     from opentela.scheduler.commands import add_plan_arguments, add_simulate_arguments
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(sub.add_parser("simulate", help="simulate serving a model on a device type"))
     add_plan_arguments(sub.add_parser("plan", help="place models on a cluster's idle devices (CP-SAT)"))
 
-    from opentela.fleetctl import add_controller_arguments
+    from opentela.cli.controller import add_controller_arguments
 
     add_controller_arguments(
         sub.add_parser("controller", help="assign catalog models to idle nodes (fleet controller)")
@@ -294,21 +294,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run(args)
         if args.cmd == "start":
+            from opentela.cli.start import run_node
             from opentela.config import load_config
-            from opentela.runner import run_node
 
             setup_logging(args.log_level, args.log_format)
             config = load_config(args.config, flags=_start_flags(args))
             return _run(run_node(config, _engine_command(args)))
         if args.cmd == "slurm":
-            from opentela.slurm import run_slurm
+            from opentela.cli.slurm import run_slurm
 
             start_flags = argparse.ArgumentParser(add_help=False)
             _add_start_flags(start_flags)
             return run_slurm(args, start_flags)
         if args.cmd == "frontend":
+            from opentela.cli.frontend import run_frontend
             from opentela.config import load_config
-            from opentela.frontend_runner import run_frontend
 
             setup_logging(args.log_level, args.log_format)
             flags = {
@@ -320,30 +320,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             config = load_config(args.config, flags={"frontend": {k: v for k, v in flags.items() if v}})
             return _run(run_frontend(config))
         if args.cmd == "keys":
+            from opentela.cli.frontend import frontend_db_url
+            from opentela.cli.keys import run_keys
             from opentela.config import load_config
-            from opentela.frontend_runner import frontend_db_url
-            from opentela.keys_cli import run_keys
 
             config = load_config(args.config, flags={"frontend": {"db": args.db} if args.db else {}})
             return _run(run_keys(args, frontend_db_url(config)))
         if args.cmd == "controller":
-            from opentela.fleetctl import run_controller
+            from opentela.cli.controller import run_controller
 
             setup_logging(
                 os.environ.get("OTELA_LOG_LEVEL", "INFO"), os.environ.get("OTELA_LOG_FORMAT", "text")
             )
             return _run(run_controller(args))
         if args.cmd == "demo":
-            from opentela.demo import run_demo
+            from opentela.cli.demo import run_demo
 
             setup_logging("WARNING")
             return _run(run_demo(args))
         if args.cmd == "network":
-            from opentela.netadmin import run_network
+            from opentela.cli.network import run_network
 
             return run_network(args)
         if args.cmd == "status":
-            from opentela.status import print_status
+            from opentela.cli.status import print_status
 
             return _run(print_status(args.ingress, as_json=args.json))
     except (ConfigError, OpenTelaError) as exc:

@@ -13,13 +13,13 @@ from pathlib import Path
 import aiohttp
 from rich.console import Console
 
+from opentela.cli.localmesh import LocalMesh, embedded_engine_argv, free_port, port_is_free
 from opentela.engines.embedded import MODEL_ID
 from opentela.errors import ConfigError
 from opentela.fabric.addresses import parse_addr
 from opentela.frontend import Frontend, FrontendConfig, load_or_create_admin_token
 from opentela.frontend.db import sqlite_url
 from opentela.frontend.keys import KeySettings
-from opentela.localmesh import LocalMesh, embedded_engine_argv, free_port, port_is_free
 
 console = Console(stderr=True)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meshkit import record
 
-from opentela.gateway.health import ReplicaHealth
+from opentela.gateway.cooldown import ReplicaHealth
 
 
 class Clock:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from opentela.config import config_home
 from opentela.errors import ConfigError
-from opentela.fabric.tokens import (
+from opentela.fabric.join_tokens import (
     JoinToken,
     create_network_key,
     load_network_key,
