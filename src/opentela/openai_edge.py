@@ -92,7 +92,9 @@ def model_and_stream(body: Mapping[str, Any]) -> tuple[str, bool]:
     model = body.get("model")
     if not isinstance(model, str) or not model.strip():
         raise InvalidRequestError("the request needs a `model` string", param="model")
-    stream = body.get("stream", False)
+    stream = body.get("stream")
+    if stream is None:  # absent, or null as OpenAI's schema allows: not streamed
+        return model, False
     if stream is not True and stream is not False:
         raise InvalidRequestError("`stream` must be true or false", param="stream")
     return model, stream
