@@ -170,8 +170,16 @@ def _chars(value: Any) -> int:
 def estimate_input_tokens(body: Mapping[str, Any]) -> int:
     """Estimated prompt tokens of a chat, completion or embedding request."""
     if "messages" in body:
-        messages = body["messages"] if isinstance(body["messages"], list) else []
-        return sum(_tokens(_chars(m)) + CHAT_TOKENS_PER_MESSAGE for m in messages if isinstance(m, dict))
+        messages = body["messages"]
+        total = 0
+        if isinstance(messages, list):
+            for m in messages:
+                if isinstance(m, dict):
+                    # The gateway runs this per request: a plain string content takes no further call.
+                    content = m.get("text") or m.get("content") or ""
+                    chars = len(content) if type(content) is str else _chars(content)
+                    total += _tokens(chars) + CHAT_TOKENS_PER_MESSAGE
+        return total
     if "prompt" in body:
         return _tokens(_chars(body["prompt"]))
     return _tokens(_chars(body.get("input", "")))

@@ -102,6 +102,13 @@ def test_the_estimate_counts_the_joined_text_without_building_it(value: object) 
     assert edge.estimate_input_tokens({"prompt": value}) == edge.estimate_text_tokens(_joined(value))
 
 
+@given(st.lists(TEXTS, max_size=4))
+def test_chat_messages_are_estimated_as_their_joined_text(contents: list[object]) -> None:
+    messages = [{"role": "user", "content": c} for c in contents]
+    expected = sum(edge.estimate_text_tokens(_joined(m)) + edge.CHAT_TOKENS_PER_MESSAGE for m in messages)
+    assert edge.estimate_input_tokens({"messages": messages}) == expected
+
+
 def test_token_estimates() -> None:
     chat = {"messages": [{"role": "user", "content": "a" * 40}, {"role": "assistant", "content": "abc"}]}
     assert edge.estimate_input_tokens(chat) == (10 + 4) + (1 + 4)
