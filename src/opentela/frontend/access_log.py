@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import re
 import time
-import uuid
 from typing import Any
+
+from opentela import openai_edge as edge
 
 logger = logging.getLogger("opentela.frontend.access")
 
-_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 Scope = dict[str, Any]
 
 
@@ -26,8 +25,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or ())
-        given = headers.get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
+        request_id = edge.request_id(headers.get(b"x-request-id", b"").decode("latin-1"))
         scope.setdefault("state", {})["request_id"] = request_id
         started = time.perf_counter()
         seen: dict[str, Any] = {"status": 0, "node": "-"}

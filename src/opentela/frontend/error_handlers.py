@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -12,6 +10,7 @@ from fastapi.responses import Response
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from opentela import openai_edge as edge
 from opentela.errors import InvalidRequestError, OpenTelaError
 
 logger = logging.getLogger(__name__)
@@ -27,21 +26,9 @@ class DatabaseUnavailableError(OpenTelaError):
 
 
 def error_response(err: OpenTelaError, request_id: str | None = None) -> Response:
-    """The OpenAI-shaped JSON error; limit errors carry Retry-After and the reset time."""
-    headers: dict[str, str] = {}
-    if request_id:
-        headers["X-Otela-Request-Id"] = request_id
-    body: dict[str, Any] = err.to_openai()
-    if "retry_after" in err.details:
-        headers["Retry-After"] = str(max(1, int(err.details["retry_after"] + 0.999)))
-    if "resets_at" in err.details:
-        body["error"]["resets_at"] = err.details["resets_at"]
-        headers["X-Otela-Limit-Resets-At"] = str(int(err.details["resets_at"]))
-    if "limit" in err.details:
-        body["error"]["limit"] = err.details["limit"]
-    return Response(
-        json.dumps(body), status_code=err.status_code, media_type="application/json", headers=headers
-    )
+    """`err` rendered by the edge (limit errors carry Retry-After and the reset time) as a Starlette response."""
+    status, headers, body = edge.render_error(err, request_id)
+    return Response(body, status_code=status, media_type=edge.JSON_CONTENT_TYPE, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:

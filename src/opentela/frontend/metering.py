@@ -26,11 +26,11 @@ from opentela.frontend.token_counts import (
     SseEvents,
     TokenCount,
     chunk_text,
-    estimate_text_tokens,
     event_data,
     usage_from,
 )
 from opentela.frontend.usage import Admission, Outcome, UsageLedger
+from opentela.openai_edge import estimate_text_tokens, sse_error_event
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ async def _relay(
             await _finish(ledger, admission, outcome("error", f"the ingress broke off the stream: {exc!r}"))
             finished = True
         err = IngressUnavailableError(f"the stream broke off: {exc!r}")
-        yield b"data: " + json.dumps(err.to_openai()).encode() + b"\n\n"
+        yield sse_error_event(err)
     finally:
         if not finished:
             await _finish(ledger, admission, outcome("cancelled", "client went away mid-stream"))

@@ -1,4 +1,7 @@
-"""Token counts: from the engine's `usage` when it reports one, else an estimate that says it is one."""
+"""Token counts: from the engine's `usage` when it reports one, else an estimate that says it is one.
+
+The estimate itself is the OpenAI edge's (`opentela.openai_edge`), the one the gateway's load estimates use.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +9,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# Roughly four characters of English per token for BPE tokenizers; only used when the engine reports nothing.
-CHARS_PER_TOKEN = 4
 SAMPLING_FIELDS = (
     "temperature",
     "top_p",
@@ -31,32 +32,6 @@ class TokenCount:
     input: int = 0
     output: int = 0
     estimated: bool = True
-
-
-def estimate_text_tokens(text: str) -> int:
-    """A tokenizer-free estimate: at least one token per non-empty text."""
-    return 0 if not text else max(1, (len(text) + CHARS_PER_TOKEN - 1) // CHARS_PER_TOKEN)
-
-
-def _text_of(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return " ".join(_text_of(v) for v in value)
-    if isinstance(value, dict):
-        return _text_of(value.get("text") or value.get("content") or "")
-    return ""
-
-
-def estimate_input_tokens(body: dict[str, Any]) -> int:
-    """Estimate the prompt of a chat, completion or embedding request."""
-    if "messages" in body:
-        messages = body["messages"] if isinstance(body["messages"], list) else []
-        # A few tokens of chat template per message.
-        return sum(estimate_text_tokens(_text_of(m)) + 4 for m in messages if isinstance(m, dict))
-    if "prompt" in body:
-        return estimate_text_tokens(_text_of(body["prompt"]))
-    return estimate_text_tokens(_text_of(body.get("input", "")))
 
 
 def sampling_params(body: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,8 @@ import logging
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from opentela.gateway._keys import REQUEST_ID_KEY, ROUTE_KEY
+from opentela import openai_edge as edge
+from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY
 
 
 class GatewayAccessLogger(AbstractAccessLogger):
@@ -20,7 +21,12 @@ class GatewayAccessLogger(AbstractAccessLogger):
         level = logging.WARNING if status >= 500 else logging.INFO
         if not self.logger.isEnabledFor(level):
             return
-        route = request.get(ROUTE_KEY) or {}
+        call = request.get(CALL_KEY)
+        route = (
+            {"model": call.model, "attempts": len(call.tried), "policy": call.routing.policy_name}
+            if call is not None
+            else {}
+        )
         self.logger.log(
             level,
             "%s %s %d",
@@ -29,7 +35,8 @@ class GatewayAccessLogger(AbstractAccessLogger):
             status,
             extra={
                 **route,
-                "request_id": response.headers.get("X-Otela-Request-Id") or request.get(REQUEST_ID_KEY, "-"),
+                "request_id": response.headers.get(edge.RESPONSE_ID_HEADER)
+                or request.get(REQUEST_ID_KEY, "-"),
                 "node": response.headers.get("X-Otela-Node", "-")[-8:],
                 "bytes": response.body_length,
                 "ms": round(time * 1000, 3),

@@ -3,50 +3,35 @@
 from __future__ import annotations
 
 import logging
-import re
-import uuid
 from typing import Any
 
 from aiohttp import web
 
+from opentela import openai_edge as edge
 from opentela.gateway._config import GatewayConfig
-from opentela.gateway._keys import GATEWAY_KEY, REQUEST_ID_KEY
 from opentela.gateway.access_log import GatewayAccessLogger
-from opentela.gateway.errors import error_middleware
-from opentela.gateway.forwarder import Forwarder
+from opentela.gateway.edge import edge_middleware
 from opentela.gateway.mesh import Mesh
-from opentela.gateway.metrics import GatewayMetrics
 from opentela.gateway.routes import infra
-from opentela.gateway.routes.inference import INFERENCE_PATHS, handle_inference
-from opentela.gateway.routing import Router
+from opentela.gateway.routes.inference import handle_inference
+from opentela.gateway.state import STATE_KEY, GatewayState
 
 logger = logging.getLogger(__name__)
 access_log = logging.getLogger("opentela.gateway.access")
-
-_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-
-
-@web.middleware
-async def request_id_middleware(request: web.Request, handler):
-    """Give every request an id (the client's X-Request-Id when sane) that travels end to end."""
-    given = request.headers.get("X-Request-Id", "")
-    request_id = given if _CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
-    request[REQUEST_ID_KEY] = request_id
-    response = await handler(request)
-    if not response.prepared:
-        response.headers.setdefault("X-Otela-Request-Id", request_id)
-    return response
 
 
 class Gateway:
     """Serves the OpenAI-compatible API and the read-only infrastructure endpoints of one ingress node."""
 
     def __init__(self, mesh: Mesh, config: GatewayConfig | None = None) -> None:
-        self.mesh = mesh
-        self.config = config or GatewayConfig()
-        self.metrics = GatewayMetrics()
-        self.router = Router(mesh, self.config)
-        self.forwarder = Forwarder(self.config, self.router, mesh.open_http_stream, self.metrics)
+        self.state = GatewayState.build(mesh, config or GatewayConfig())
+        # The parts, for operators and tests; routes reach them through `state_of(request)`.
+        self.mesh, self.config = mesh, self.state.config
+        self.router, self.forwarder, self.metrics = (
+            self.state.router,
+            self.state.forwarder,
+            self.state.metrics,
+        )
         self._runner: web.AppRunner | None = None
         self.url: str = ""
         self.app = self._build_app()
@@ -55,11 +40,9 @@ class Gateway:
         return f"<Gateway {self.url or 'not listening'} policy={self.config.policy}>"
 
     def _build_app(self) -> web.Application:
-        app = web.Application(
-            middlewares=[request_id_middleware, error_middleware], client_max_size=self.config.max_body_bytes
-        )
-        app[GATEWAY_KEY] = self
-        for path in INFERENCE_PATHS:
+        app = web.Application(middlewares=[edge_middleware], client_max_size=self.config.max_body_bytes)
+        app[STATE_KEY] = self.state
+        for path in edge.INFERENCE_PATHS:
             app.router.add_post(path, handle_inference)
         app.router.add_get("/v1/models", infra.list_models)
         app.router.add_get("/v1/dnt/table", infra.dnt_table)

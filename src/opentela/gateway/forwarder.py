@@ -1,24 +1,35 @@
-"""Dispatch: choose a replica, open a tunnel stream to it, and retry elsewhere while the client has seen nothing."""
+"""Dispatch: choose a replica, open a tunnel stream to it, retry elsewhere while the client has seen nothing,
+relay the answer, and book every attempt and every request exactly once."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from opentela._types import Stream
 from opentela.errors import (
+    ConnectionClosedError,
     EngineError,
+    ModelNotFoundError,
     NoHealthyReplicaError,
     OpenTelaError,
+    StreamResetError,
     UpstreamTimeout,
     error_from_code,
 )
-from opentela.fabric.http_tunnel import RESET_CANCELLED, TunnelResponseHead, read_response_head
+from opentela.fabric.http_tunnel import (
+    FORWARDED_REQUEST_HEADERS,
+    RESET_CANCELLED,
+    TunnelRequest,
+    TunnelResponseHead,
+    encode_request,
+    read_response_head,
+)
 from opentela.gateway._config import GatewayConfig
-from opentela.gateway.metrics import GatewayMetrics
+from opentela.gateway.call import Attempt, Call, parse_body
+from opentela.gateway.metrics import NO_NODE, GatewayMetrics
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
 from opentela.gateway.routing import Router
 from opentela.registry.record import NodeRecord
@@ -28,46 +39,182 @@ logger = logging.getLogger(__name__)
 OpenStream = Callable[[NodeRecord, float], Awaitable[Stream]]
 """Opens a /otela/http/1 stream to the node of a record within a timeout (seconds)."""
 OnFailure = Callable[[NodeRecord, OpenTelaError], None]
+Write = Callable[[bytes], Awaitable[None]]
+"""Sends bytes to the client; waits while its socket is full, raises ConnectionResetError once it left."""
 
 RETRYABLE_STATUSES = frozenset({500, 502, 503, 504})
 """Engine answers worth another replica: it failed, not the request (501/505 would fail anywhere)."""
 
 
-@dataclass(slots=True)
-class Upstream:
-    """A replica that accepted the request: its response head, and the stream its body arrives on."""
-
-    target: NodeRecord
-    head: TunnelResponseHead
-    stream: Stream
-    attempts: int
-    started: float
-    head_at: float
-    opened_at: float
-    finished: bool = False
+def _mid_stream_error(exc: OpenTelaError) -> OpenTelaError:
+    if isinstance(exc, StreamResetError):
+        return error_from_code("engine_crashed", f"the serving node failed mid-response: {exc.message}")
+    if isinstance(exc, ConnectionClosedError):
+        return ConnectionClosedError(f"lost the connection to the serving node mid-response: {exc.message}")
+    return exc
 
 
 class Forwarder:
-    """Sends one request to one replica at a time, moving to another replica when the failure allows it.
+    """Owns a request's whole life at the ingress: `accept` it, `dispatch` it to one replica at a time (moving
+    on while the failure allows it), `relay` a stream, and `close` it.
 
-    Every attempt is booked exactly once: `Router.started` when it begins, `Router.ended` (through `fail`
-    or `finish`) when it ends, and the health tracker hears the outcome.
+    Every attempt is booked exactly once, in `_end`: `Router.started` when it begins, `Router.ended`, the
+    in-flight gauge, the health tracker and the mesh's failure report when it ends. Every request is booked
+    once, in `close`.
     """
 
     def __init__(
-        self, config: GatewayConfig, router: Router, open_stream: OpenStream, metrics: GatewayMetrics
+        self,
+        config: GatewayConfig,
+        router: Router,
+        open_stream: OpenStream,
+        metrics: GatewayMetrics,
+        report: OnFailure | None = None,
     ) -> None:
         self.config = config
         self.router = router
         self._open_stream = open_stream
+        self._report = report
         self.metrics = metrics
         self.retries = 0
+
+    def __repr__(self) -> str:
+        return f"<Forwarder policy={self.config.policy} retries={self.retries}>"
 
     @property
     def policy(self) -> RoutingPolicy:
         """The ingress's default policy."""
         return self.router.default_policy
 
+    # --- one request ----------------------------------------------------------------------------------------
+    def accept(
+        self, request_id: str, path: str, raw: bytes, headers: Mapping[str, str], arrived: float
+    ) -> Call:
+        """Parse the body and check that some replica may serve it; raises the client's error if none may."""
+        body = parse_body(raw)
+        routing = self.router.routing_for(headers, body.metadata)
+        parsed_at = time.perf_counter()
+        if not self.router.eligible(body.model, routing):
+            err = self.router.explain_empty(body.model, routing)
+            # Unknown model names come from clients: they must not become metric labels.
+            label = "-" if isinstance(err, ModelNotFoundError) else body.model
+            self.metrics.errors.labels(label, NO_NODE, err.code).inc()
+            raise err
+        routed_at = time.perf_counter()
+        forwarded = {k: headers[k] for k in FORWARDED_REQUEST_HEADERS if k in headers}
+        payload = encode_request(
+            TunnelRequest("POST", path, body.raw, request_id, forwarded, self.config.server_timing)
+        )
+        routed = RoutedRequest(request_id, body.model, body.stream, len(body.raw), tokens=body.tokens)
+        return Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at)
+
+    async def dispatch(self, call: Call) -> bytes:
+        """The whole answer, or for an event stream its first chunk; retried elsewhere until the client has a
+        byte. Afterwards `call.attempt` is the attempt that answered."""
+        call.deadline = asyncio.get_running_loop().time() + self.config.total_timeout
+
+        def candidates() -> Sequence[NodeRecord]:
+            return self.router.eligible(call.model, call.routing)
+
+        try:
+            async with asyncio.timeout_at(call.deadline):
+                while True:
+                    attempt = call.attempt = await self.open(
+                        candidates, call.payload, call.routed, call.routing.policy, tried=call.tried
+                    )
+                    try:
+                        if attempt.event_stream:
+                            return await self._first_chunk(attempt)
+                        content = await self._read_all(attempt)
+                        break
+                    except OpenTelaError as exc:
+                        err = _mid_stream_error(exc)
+                        self._end(attempt, call.routed, ok=False, err=err, reset="retrying elsewhere")
+                        if err.retryable and self.can_retry(candidates, call.tried):
+                            continue
+                        raise err from exc
+        except TimeoutError:
+            raise UpstreamTimeout(
+                f"request {call.request_id} ran past the {self.config.total_timeout:g} s deadline"
+            ) from None
+        assert attempt.head is not None
+        if attempt.head.status < 500:
+            self._end(attempt, call.routed, ok=True)
+        else:  # the last replica's own 5xx, passed on as it is
+            call.error = error_from_code(attempt.head.error_code or "engine_error", "engine failed")
+            self._end(attempt, call.routed, ok=False, err=call.error)
+        call.status = str(attempt.head.status)
+        call.sent = len(content)
+        self.metrics.ttfb.labels(call.model, attempt.target.peer_id).observe(
+            time.perf_counter() - call.arrived
+        )
+        return content
+
+    async def relay(self, call: Call, first: bytes, write: Write) -> OpenTelaError | None:
+        """Pipe a stream's chunks to `write` as they arrive; the error that broke it off, if one did.
+
+        Each chunk is written before the next is read, and `write` waits while the client's socket is full, so
+        a slow reader holds back the mesh stream (and through its flow control the engine) instead of growing
+        a buffer here. After the first byte a failure can only end the stream: the caller sends it as an event.
+        """
+        attempt = call.attempt
+        assert attempt is not None and attempt.stream is not None and attempt.head is not None
+        stream, target = attempt.stream, attempt.target
+        self.metrics.ttfb.labels(call.model, target.peer_id).observe(time.perf_counter() - call.arrived)
+        loop = asyncio.get_running_loop()
+        deadline, idle = call.deadline, self.config.idle_timeout
+        err: OpenTelaError | None = None
+        chunk = first
+        try:
+            while chunk:
+                await write(chunk)
+                call.sent += len(chunk)
+                async with asyncio.timeout_at(min(deadline, loop.time() + idle)):
+                    chunk = await stream.read()
+        except TimeoutError:
+            err = UpstreamTimeout(
+                f"the stream from {target.session_id[:8]} went silent or ran past its deadline"
+            )
+        except (StreamResetError, ConnectionClosedError) as exc:
+            err = _mid_stream_error(exc)
+        call.status = str(attempt.head.status)
+        if err is None:
+            self._end(attempt, call.routed, ok=True)
+            return None
+        logger.warning(
+            "stream %s from %s broke after %d bytes: %s",
+            call.request_id,
+            target.session_id[:8],
+            call.sent,
+            err,
+        )
+        call.error = err
+        self._end(attempt, call.routed, ok=False, err=err, reset="stream abandoned")
+        return err
+
+    def client_gone(self, call: Call) -> None:
+        """The client went away: the serving node hears it, so its engine stops generating for nobody."""
+        call.status = "cancelled"
+        if call.attempt is not None:
+            self._end(call.attempt, call.routed, ok=False, reset="client disconnected")
+
+    def close(self, call: Call, exc: BaseException | None) -> None:
+        """Book the end of `call`, however it ended; an attempt still open is abandoned."""
+        if isinstance(exc, OpenTelaError):
+            call.status, call.error = str(exc.status_code), exc
+        elif isinstance(exc, asyncio.CancelledError):
+            call.status = "cancelled"
+        attempt, model, node = call.attempt, call.model, call.node
+        if attempt is not None:
+            self._end(attempt, call.routed, ok=False, reset="request abandoned")
+            self.metrics.bytes_in.labels(model, node).inc(call.routed.body_bytes)
+            self.metrics.bytes_out.labels(model, node).inc(call.sent)
+        if call.error is not None:
+            self.metrics.errors.labels(model, node, call.error.code).inc()
+        self.metrics.requests.labels(model, node, call.status).inc()
+        self.metrics.latency.labels(model, node).observe(time.perf_counter() - call.arrived)
+
+    # --- attempts -------------------------------------------------------------------------------------------
     def can_retry(self, candidates: Callable[[], Sequence[NodeRecord]], tried: set[str]) -> bool:
         """Whether another attempt is allowed and some replica not yet tried is there to take it."""
         if len(tried) >= 1 + self.config.max_retries:
@@ -82,9 +229,8 @@ class Forwarder:
         policy: RoutingPolicy,
         *,
         tried: set[str],
-        on_failure: OnFailure | None = None,
-    ) -> Upstream:
-        """Return the first replica that answers with a usable response head.
+    ) -> Attempt:
+        """Return the first attempt whose replica answers with a usable response head.
 
         Failures before the head are retried on replicas not yet tried (never the one that just failed), for
         streaming and non-streaming requests alike: the client has seen nothing yet. An engine 5xx is retried
@@ -94,7 +240,6 @@ class Forwarder:
         """
         last_error: OpenTelaError | None = None
         while len(tried) < 1 + self.config.max_retries:
-            attempt = len(tried)
             pool = [c for c in candidates() if c.session_id not in tried]
             if not pool:
                 break
@@ -104,49 +249,31 @@ class Forwarder:
                 raise OpenTelaError(
                     f"routing policy {type(policy).__name__} picked a replica outside its candidates"
                 )
-            tried.add(target.session_id)
-            if attempt:
+            if tried:
                 self.retries += 1
                 self.metrics.retries.labels(routed.model, routed.attrs.get("failed_node", "-")).inc()
                 logger.info(
                     "retrying %s on %s after %s", routed.request_id, target.session_id[:8], last_error
                 )
-            started = time.perf_counter()
-            self.router.started(target, routed)
-            self.metrics.in_flight.labels(routed.model, target.peer_id).inc()
+            tried.add(target.session_id)
+            attempt = self._begin(target, routed, len(tried))
             try:
-                stream = await self._open_stream(target, self.config.connect_timeout)
-                opened = time.perf_counter()
-                try:
-                    await stream.write(payload)
-                    await stream.write_eof()
-                    async with asyncio.timeout(self.config.first_byte_timeout):
-                        head = await read_response_head(stream)
-                except BaseException:
-                    stream.reset(RESET_CANCELLED, "request abandoned")
-                    raise
-            except TimeoutError:
-                err: OpenTelaError = UpstreamTimeout(f"replica {target.session_id[:8]} sent no response head")
-            except asyncio.IncompleteReadError:
-                err = error_from_code("engine_crashed", "serving node closed the stream before answering")
-            except OpenTelaError as exc:
-                err = exc
+                err = await self._request_head(attempt, payload)
             except BaseException:
-                self.fail(target, routed, None, started, None)
+                self._end(attempt, routed, ok=False, reset="request abandoned")
                 raise
-            else:
-                upstream = Upstream(target, head, stream, attempt + 1, started, time.perf_counter(), opened)
-                if not self._replica_failed(head):
-                    return upstream
-                if not self.can_retry(candidates, tried):
-                    return upstream  # nobody else to ask: the client gets this replica's answer
+            if err is None:
+                assert attempt.head is not None
+                if not self._replica_failed(attempt.head) or not self.can_retry(candidates, tried):
+                    return attempt  # a usable answer, or nobody else to ask: the client gets this one
                 # The node answered but its engine could not: try another replica.
-                stream.reset(RESET_CANCELLED, "retrying elsewhere")
-                if head.error_code:
-                    err = error_from_code(head.error_code, f"replica {target.session_id[:8]} failed")
+                if attempt.head.error_code:
+                    err = error_from_code(attempt.head.error_code, f"replica {target.session_id[:8]} failed")
                 else:
-                    err = EngineError(f"the engine of replica {target.session_id[:8]} answered {head.status}")
-            self.fail(target, routed, err, started, on_failure)
+                    err = EngineError(
+                        f"the engine of replica {target.session_id[:8]} answered {attempt.head.status}"
+                    )
+            self._end(attempt, routed, ok=False, err=err, reset="retrying elsewhere")
             last_error = err
             if not err.retryable:
                 break
@@ -155,25 +282,61 @@ class Forwarder:
             raise NoHealthyReplicaError(f"no replica of model {routed.model!r} is left to try")
         raise last_error
 
+    def _begin(self, target: NodeRecord, routed: RoutedRequest, number: int) -> Attempt:
+        self.router.started(target, routed)
+        self.metrics.in_flight.labels(routed.model, target.peer_id).inc()
+        return Attempt(target, number, time.perf_counter())
+
+    async def _request_head(self, attempt: Attempt, payload: bytes) -> OpenTelaError | None:
+        """Send the request and read the answer's head into `attempt`; the failure, if the replica failed."""
+        target = attempt.target
+        try:
+            attempt.stream = await self._open_stream(target, self.config.connect_timeout)
+            attempt.opened_at = time.perf_counter()
+            await attempt.stream.write(payload)
+            await attempt.stream.write_eof()
+            async with asyncio.timeout(self.config.first_byte_timeout):
+                attempt.head = await read_response_head(attempt.stream)
+        except TimeoutError:
+            return UpstreamTimeout(f"replica {target.session_id[:8]} sent no response head")
+        except asyncio.IncompleteReadError:
+            return error_from_code("engine_crashed", "serving node closed the stream before answering")
+        except OpenTelaError as exc:
+            return exc
+        attempt.head_at = time.perf_counter()
+        return None
+
     @staticmethod
     def _replica_failed(head: TunnelResponseHead) -> bool:
         if head.status not in RETRYABLE_STATUSES:
             return False
         return head.error_code is None or error_from_code(head.error_code, "").retryable
 
-    def fail(
+    def _end(
         self,
-        target: NodeRecord,
+        attempt: Attempt,
         routed: RoutedRequest,
-        err: OpenTelaError | None,
-        started: float,
-        on_failure: OnFailure | None,
+        *,
+        ok: bool,
+        err: OpenTelaError | None = None,
+        reset: str | None = None,
     ) -> None:
-        """Book a failed attempt with the policies, the metrics and the health tracker."""
-        self.router.ended(target, routed, ok=False, latency_s=time.perf_counter() - started)
+        """Book the end of `attempt` with the policies, the metrics, the health tracker and the mesh; resets its
+        stream first when `reset` says why. Later calls do nothing. `err` None with `ok` False: cancelled,
+        which says nothing about the replica."""
+        if attempt.finished:
+            return
+        attempt.finished = True
+        target = attempt.target
+        if reset is not None and attempt.stream is not None:
+            attempt.stream.reset(RESET_CANCELLED, reset)  # the node stops, if it is alive
+        self.router.ended(target, routed, ok=ok, latency_s=time.perf_counter() - attempt.started)
         self.metrics.in_flight.labels(routed.model, target.peer_id).dec()
+        if ok:
+            self.router.health.succeeded(target.session_id)
+            return
         if err is None:
-            return  # cancelled: says nothing about the replica
+            return
         self.metrics.attempt_errors.labels(routed.model, target.peer_id, err.code).inc()
         routed.attrs["failed_node"] = target.peer_id
         if err.code == "engine_unavailable":
@@ -187,27 +350,26 @@ class Forwarder:
                 self.router.health.threshold,
                 self.router.health.cooldown,
             )
-        if on_failure is not None:
-            on_failure(target, err)
+        if self._report is not None:
+            self._report(target, err)
 
-    def finish(
-        self,
-        upstream: Upstream,
-        routed: RoutedRequest,
-        *,
-        ok: bool,
-        err: OpenTelaError | None = None,
-        on_failure: OnFailure | None = None,
-    ) -> None:
-        """Book the end of the attempt that produced `upstream`; later calls do nothing."""
-        if upstream.finished:
-            return
-        upstream.finished = True
-        if ok:
-            self.router.ended(
-                upstream.target, routed, ok=True, latency_s=time.perf_counter() - upstream.started
-            )
-            self.metrics.in_flight.labels(routed.model, upstream.target.peer_id).dec()
-            self.router.health.succeeded(upstream.target.session_id)
-        else:
-            self.fail(upstream.target, routed, err, upstream.started, on_failure)
+    async def _first_chunk(self, attempt: Attempt) -> bytes:
+        """The first bytes of an event stream: until they exist the request can still move elsewhere."""
+        assert attempt.stream is not None
+        try:
+            async with asyncio.timeout(self.config.first_byte_timeout):
+                return await attempt.stream.read()
+        except TimeoutError:
+            raise UpstreamTimeout(f"replica {attempt.target.session_id[:8]} sent no first event") from None
+        except asyncio.IncompleteReadError:
+            raise error_from_code(
+                "engine_crashed", "serving node closed the stream before answering"
+            ) from None
+
+    @staticmethod
+    async def _read_all(attempt: Attempt) -> bytes:
+        assert attempt.stream is not None
+        chunks = []
+        while chunk := await attempt.stream.read():
+            chunks.append(chunk)
+        return b"".join(chunks)

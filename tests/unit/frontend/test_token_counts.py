@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 from opentela.frontend.token_counts import (
     SseEvents,
     chunk_text,
-    estimate_input_tokens,
     event_data,
     sampling_params,
     usage_from,
 )
+from opentela.openai_edge import estimate_input_tokens
 
 EVENTS = st.lists(
     st.dictionaries(st.sampled_from(["a", "b", "choices"]), st.text(max_size=20), max_size=3), max_size=8

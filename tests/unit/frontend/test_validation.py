@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opentela.errors import InvalidRequestError
-from opentela.frontend.validation import parse_body, validate
+from opentela.openai_edge import parse_body, validate
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import json
 
 from meshkit import chat, gateway_kit
 
-from opentela.gateway.routes.inference import parse_body
+from opentela.gateway.call import parse_body
 
 
 def test_routing_options_leave_the_body_before_it_is_forwarded() -> None:

@@ -15,8 +15,8 @@ from opentela.frontend.keys import key_info
 from opentela.frontend.metering import forward, plan_forward
 from opentela.frontend.schema import ApiKey
 from opentela.frontend.state import FrontendState, bearer_token, state_of
-from opentela.frontend.token_counts import estimate_input_tokens, sampling_params
-from opentela.frontend.validation import ENDPOINTS, parse_body, validate
+from opentela.frontend.token_counts import sampling_params
+from opentela.openai_edge import INFERENCE_PATHS, estimate_input_tokens, parse_body, validate
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["OpenAI-compatible API"])
@@ -72,7 +72,7 @@ async def _inference(request: Request) -> Response:
     raw = await read_limited(request, st.config.max_body_bytes)
     body = parse_body(raw)
     path = request.url.path
-    model, stream = validate(ENDPOINTS[path], body)
+    model, stream = validate(INFERENCE_PATHS[path], body)
     if key.allowed_models is not None and model not in key.allowed_models:
         raise ModelNotAllowedError(
             f"this key may not use model {model!r}; allowed: {', '.join(key.allowed_models) or 'none'}",

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
-from opentela.gateway._keys import GATEWAY_KEY
+from opentela.gateway.state import GatewayState, state_of
 from opentela.registry.record import NodeRecord
-
-if TYPE_CHECKING:
-    from opentela.gateway.app import Gateway
 
 
 def _hardware_summary(record: NodeRecord) -> dict[str, Any]:
@@ -27,7 +24,7 @@ def _hardware_summary(record: NodeRecord) -> dict[str, Any]:
     }
 
 
-def _replica(gw: Gateway, record: NodeRecord, model: str) -> dict[str, Any]:
+def _replica(gw: GatewayState, record: NodeRecord, model: str) -> dict[str, Any]:
     entry = next((m for m in record.models if m.id == model), None)
     return {
         "session_id": record.session_id,
@@ -43,7 +40,7 @@ def _replica(gw: Gateway, record: NodeRecord, model: str) -> dict[str, Any]:
 
 async def list_models(request: web.Request) -> web.Response:
     """GET /v1/models: the model registry view in OpenAI's shape, with each model's replicas."""
-    gw: Gateway = request.app[GATEWAY_KEY]
+    gw = state_of(request)
     data = []
     for model, records in sorted(gw.mesh.model_replicas().items()):
         data.append(
@@ -60,22 +57,22 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def dnt_table(request: web.Request) -> web.Response:
     """GET /v1/dnt/table: every record of the local replica."""
-    return web.json_response(request.app[GATEWAY_KEY].mesh.table())
+    return web.json_response(state_of(request).mesh.table())
 
 
 async def dnt_peers(request: web.Request) -> web.Response:
     """GET /v1/dnt/peers: connected peers and their liveness as this node sees them."""
-    return web.json_response(request.app[GATEWAY_KEY].mesh.peers())
+    return web.json_response(state_of(request).mesh.peers())
 
 
 async def dnt_bootstraps(request: web.Request) -> web.Response:
     """GET /v1/dnt/bootstraps: where this node bootstrapped from and where others can bootstrap from it."""
-    return web.json_response(request.app[GATEWAY_KEY].mesh.bootstraps())
+    return web.json_response(state_of(request).mesh.bootstraps())
 
 
 async def dnt_stats(request: web.Request) -> web.Response:
     """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters."""
-    gw: Gateway = request.app[GATEWAY_KEY]
+    gw = state_of(request)
     stats = gw.mesh.stats()
     stats["gateway"] = {
         "retries": gw.forwarder.retries,
@@ -89,10 +86,10 @@ async def dnt_stats(request: web.Request) -> web.Response:
 
 async def health(request: web.Request) -> web.Response:
     """GET /v1/health: liveness of this node."""
-    return web.json_response(request.app[GATEWAY_KEY].mesh.health())
+    return web.json_response(state_of(request).mesh.health())
 
 
 async def metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text format."""
-    body = request.app[GATEWAY_KEY].metrics.render()
+    body = state_of(request).metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
