@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import getpass
 import logging
 import socket
-import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,44 +27,28 @@ from opentela.fabric.identity import Identity
 from opentela.node._config import NodeConfig, Role
 from opentela.node.control import ControlService, EngineAssignment
 from opentela.node.engine_runner import EXIT_OK, EngineRunner
+from opentela.node.engine_set import EngineSet
 from opentela.node.hardware import probe_hardware
 from opentela.node.http_service import LocalEngineProxy
 from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
 from opentela.node.logwatch import compile_patterns
 from opentela.node.mesh_view import MeshView
 from opentela.node.reachability import NodeReachability
+from opentela.node.session import (
+    default_provider_id,
+    join_record,
+    new_session_id,
+    resumed_record,
+    trace_applies,
+)
 from opentela.registry._config import RegistryConfig
 from opentela.registry.gossip import Gossip
 from opentela.registry.housekeeping import Housekeeping
 from opentela.registry.membership import Membership
-from opentela.registry.record import ModelEntry, NodeRecord
+from opentela.registry.record import ModelEntry
 from opentela.registry.registry import Registry
 
 logger = logging.getLogger(__name__)
-
-
-def default_provider_id() -> str:
-    """user@host, so a provider is named even when the operator did not say."""
-    try:
-        user = getpass.getuser()
-    except (KeyError, OSError):
-        user = "anonymous"
-    return f"{user}@{socket.gethostname()}"
-
-
-def trace_applies(registry: Registry, directory: Path, session_id: str) -> Callable[[], None]:
-    """Record when each change reached this replica (the convergence benchmark reads these lines); returns close."""
-    directory.mkdir(parents=True, exist_ok=True)
-    trace = open(directory / f"{session_id}.trace", "a", buffering=1)  # closed by the returned callable
-
-    def write(record: NodeRecord, local: bool) -> None:
-        trace.write(
-            f"{time.time():.6f} {record.session_id} {record.lifecycle.name} {record.version} {int(local)}\n"
-        )
-
-    write(registry.local, True)
-    registry.on_change(write)
-    return trace.close
 
 
 class NodeAgent:
@@ -92,7 +72,7 @@ class NodeAgent:
         self.node_config = node
         self.fabric_config = fabric or FabricConfig()
         self.registry_config = registry or RegistryConfig()
-        self.session_id = uuid.uuid4().hex
+        self.session_id = new_session_id()
         self.admission = admission_from_config(self.fabric_config, identity)
         # In a closed network the join token names the provider; a different --provider-id would be refused.
         token_provider = self.admission.provider_id
@@ -109,13 +89,13 @@ class NodeAgent:
         self.housekeeping: Housekeeping | None = None
         self.reachability: NodeReachability | None = None
         self._mesh: MeshView | None = None
-        self.runners: dict[str, EngineRunner] = {}
-        self._configured_engine = engine  # launched by start()
-        self.proxy = LocalEngineProxy(self._engine_url, max_body=node.max_body_bytes)
         self.exit_code: int | None = None
         self._stop = asyncio.Event()
         self._failing = False
         self._tasks = TaskSet("node", on_error=self._task_failed)
+        self.engines = EngineSet(lambda: self.log_dir or Path.cwd(), self._make_runner, self._tasks.spawn)
+        self._configured_engine = engine  # launched by start()
+        self.proxy = LocalEngineProxy(self.engines.serving_url, max_body=node.max_body_bytes)
         self._closers: list[Callable[[], None]] = []
         self.control = ControlService(
             node.controllers, node.accept_assignments == "any", self._assignment_busy, self.assign_engine
@@ -123,7 +103,7 @@ class NodeAgent:
 
     def __repr__(self) -> str:
         state = self.registry.local.lifecycle.name if self.registry else "new"
-        return f"<NodeAgent {self.peer_id[-8:]} session={self.session_id[:8]} {state} engines={len(self.runners)}>"
+        return f"<NodeAgent {self.peer_id[-8:]} session={self.session_id[:8]} {state} {self.engines!r}>"
 
     # --- identity and parts -------------------------------------------------------------------------------
     @property
@@ -151,22 +131,19 @@ class NodeAgent:
     @property
     def engine(self) -> EngineSpec | None:
         """The engine this node runs (the first, when it runs several), or None while idle."""
-        runner = next(iter(self.runners.values()), None)
+        runner = self.engines.first
         return runner.spec if runner is not None else self._configured_engine
 
     @property
     def engine_log(self) -> Path | None:
         """Where the (first) engine's output goes."""
-        runner = next(iter(self.runners.values()), None)
+        runner = self.engines.first
         return runner.log_path if runner is not None else None
 
     @property
     def private(self) -> bool:
         """Whether this node accepts no inbound connections and must be reached through relays."""
         return self.reachability is not None and self.reachability.private
-
-    def _engine_url(self) -> str | None:
-        return next((r.spec.base_url for r in self.runners.values() if r.ready), None)
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def __aenter__(self) -> NodeAgent:
@@ -185,24 +162,10 @@ class NodeAgent:
         hardware = await asyncio.to_thread(probe_hardware)
         roles = (cfg.role.value,) if cfg.role in (Role.INGRESS, Role.CONTROLLER) else (Role.WORKER.value,)
         reachability = NodeReachability(cfg.reachability, self.host, cfg.bootstrap, self._update_record)
-        now = time.time()
-        first = NodeRecord(
-            session_id=self.session_id,
-            peer_id=self.peer_id,
-            provider_id=self.provider_id,
-            lifecycle=Lifecycle.JOIN,
-            version=1,
-            addrs=reachability.initial_addrs(self.host.listen_addrs, cfg.advertise),
-            relays=(),
-            roles=roles,
-            hardware=hardware,
-            models=(),
-            started_at=now,
-            updated_at=now,
-            signer=self.peer_id,
-            reason="",
-            signature=b"",
-        ).signed(self.identity)
+        addrs = reachability.initial_addrs(self.host.listen_addrs, cfg.advertise)
+        first = join_record(
+            self.identity, self.session_id, self.provider_id, addrs=addrs, roles=roles, hardware=hardware
+        )
         self.reachability = reachability
         self.registry = Registry(self.identity, first, config=self.registry_config, admission=self.admission)
         self.membership = Membership(self.host, self.registry, config=self.registry_config)
@@ -240,7 +203,7 @@ class NodeAgent:
         if cfg.bootstrap:
             self._tasks.spawn(self._bootstrap(), "bootstrap")
         if self._configured_engine is not None:
-            self._launch_engine(self._configured_engine, assigned=False)
+            self.engines.launch(self._configured_engine, self.session_id, assigned=False)
             self._configured_engine = None
 
     def _update_record(self, **changes: Any) -> None:
@@ -253,15 +216,8 @@ class NodeAgent:
         logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
         await self.reachability.settle(peers, self.registry.local.addrs)
 
-    def _launch_engine(self, spec: EngineSpec, assigned: bool) -> EngineRunner:
-        log_dir = self.log_dir or Path.cwd()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / f"engine-{self.session_id[:12]}.log"
-        if any(r.log_path == log_path for r in self.runners.values()):
-            log_path = log_path.with_name(
-                f"engine-{self.session_id[:12]}-{spec.port}.log"
-            )  # one log per engine
-        runner = EngineRunner(
+    def _make_runner(self, spec: EngineSpec, log_path: Path, assigned: bool) -> EngineRunner:
+        return EngineRunner(
             spec,
             log_path,
             self.node_config,
@@ -271,15 +227,13 @@ class NodeAgent:
             on_not_served=self._assignment_failed if assigned else None,
             on_task_error=self._task_failed,
         )
-        self.runners[runner.key] = runner
-        self._tasks.spawn(runner.run(), "engine")
-        return runner
 
     def _engine_serving(self, runner: EngineRunner, models: tuple[ModelEntry, ...]) -> None:
         """An engine serves: the record lists the models of every engine that does."""
         assert self.registry is not None
-        serving = tuple(m for r in self.runners.values() if r.ready for m in r.models)
-        self.registry.update_local(lifecycle=Lifecycle.SERVING, models=serving, reason="")
+        self.registry.update_local(
+            lifecycle=Lifecycle.SERVING, models=self.engines.serving_models(), reason=""
+        )
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})
 
     # --- assignments from a fleet controller (/otela/control/1) ----------------------------------------------
@@ -299,12 +253,12 @@ class NodeAgent:
         self.registry.update_local(
             reason=f"starting {assignment.model} for controller {assignment.controller}"[:512]
         )
-        self._launch_engine(assignment.spec, assigned=True)
+        self.engines.launch(assignment.spec, self.session_id, assigned=True)
 
     async def _assignment_failed(self, runner: EngineRunner, reason: str) -> None:
         """An assigned engine never served (its runner stopped it): forget it and say why in our record."""
         assert self.registry is not None
-        self.runners.pop(runner.key, None)
+        self.engines.forget(runner)
         self.registry.update_local(reason=f"assignment failed: {reason}"[:512])
 
     # --- sessions -------------------------------------------------------------------------------------------
@@ -317,11 +271,8 @@ class NodeAgent:
         before = self.registry.last_own or self.registry.local
         if before.lifecycle > Lifecycle.SERVING:
             return
-        now = time.time()
-        session = uuid.uuid4().hex
-        record = dataclasses.replace(
-            before, session_id=session, version=1, started_at=now, updated_at=now, reason=""
-        ).signed(self.identity)
+        session = new_session_id()
+        record = resumed_record(before, self.identity, session)
         old = self.session_id
         self.session_id = session
         self.membership.restart(session)
@@ -350,8 +301,7 @@ class NodeAgent:
         if self._failing or self._stop.is_set():
             return
         self._failing = True
-        for runner in self.runners.values():
-            runner.retire()  # refuse new tunnelled requests at once
+        self.engines.retire()  # refuse new tunnelled requests at once
         try:
             await self._go_down(reason)
         except OpenTelaError as exc:
@@ -363,7 +313,7 @@ class NodeAgent:
     def failure_report(self, reason: str, code: int) -> FailStopReport:
         """What this node says about itself when it fail-stops."""
         n = self.node_config.log_tail_lines
-        runner = next(iter(self.runners.values()), None)
+        runner = self.engines.first
         return FailStopReport(
             peer_id=self.peer_id,
             session_id=self.session_id,
@@ -406,8 +356,7 @@ class NodeAgent:
                 self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
                 await self.gossip.flush(timeout=2.0)
         await self._tasks.aclose()
-        for runner in list(self.runners.values()):
-            await runner.aclose()
+        await self.engines.aclose()
         await self.proxy.aclose()
         for part in (self.housekeeping, self.gossip, self.membership, self.host):
             if part is not None:
