@@ -55,7 +55,12 @@ class Verdicts:
 
 
 def runner(
-    spec: EngineSpec, tmp_path: Path, seen: Verdicts, *, assigned: bool = False, stop: asyncio.Event | None = None
+    spec: EngineSpec,
+    tmp_path: Path,
+    seen: Verdicts,
+    *,
+    assigned: bool = False,
+    stop: asyncio.Event | None = None,
 ) -> EngineRunner:
     config = NodeConfig(ready_timeout=20, health_interval=0, stop_timeout=2)
     return EngineRunner(

@@ -19,7 +19,9 @@ def test_plain_strings_become_members_and_keep_their_spelling() -> None:
 def test_environment_and_flags_are_checked_at_load_time() -> None:
     config = load_config(env={"OTELA_NODE_REACHABILITY": "public"}, flags={"node": {"role": "ingress"}})
     assert config.node.reachability is Reachability.PUBLIC and config.node.role is Role.INGRESS
-    with pytest.raises(ConfigError, match=r"reachability must be one of `public`, `private`, `auto`, not 'nat'"):
+    with pytest.raises(
+        ConfigError, match=r"reachability must be one of `public`, `private`, `auto`, not 'nat'"
+    ):
         load_config(env={"OTELA_NODE_REACHABILITY": "nat"})
     with pytest.raises(ConfigError, match=r"role must be one of `worker`, `ingress`, `controller`"):
         load_config(env={}, flags={"node": {"role": "boss"}})

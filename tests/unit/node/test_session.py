@@ -14,7 +14,9 @@ ME = Identity.generate()
 
 
 def test_the_first_record_is_a_signed_join_without_models() -> None:
-    record = join_record(ME, "s1", "alice@h", addrs=("a:1",), roles=("worker",), hardware={"gpus": []}, now=5.0)
+    record = join_record(
+        ME, "s1", "alice@h", addrs=("a:1",), roles=("worker",), hardware={"gpus": []}, now=5.0
+    )
     assert record.lifecycle == Lifecycle.JOIN and record.version == 1 and record.models == ()
     assert record.peer_id == ME.peer_id and record.addrs == ("a:1",) and record.started_at == 5.0
     assert record.verify()
@@ -22,7 +24,9 @@ def test_the_first_record_is_a_signed_join_without_models() -> None:
 
 def test_a_resumed_record_keeps_state_and_models_under_a_new_session() -> None:
     first = join_record(ME, "s1", "p", addrs=(), roles=("worker",), hardware={})
-    serving = first.next(ME, lifecycle=Lifecycle.SERVING, models=(ModelEntry(id="m", engine="e"),), reason="x")
+    serving = first.next(
+        ME, lifecycle=Lifecycle.SERVING, models=(ModelEntry(id="m", engine="e"),), reason="x"
+    )
     again = resumed_record(serving, ME, "s2", now=9.0)
     assert again.session_id == "s2" and again.version == 1 and again.reason == ""
     assert again.lifecycle == Lifecycle.SERVING and again.model_ids == ("m",) and again.verify()
