@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from opentela.node._config import NodeConfig, Role
 from opentela.node.control import ControlService, EngineAssignment
 from opentela.node.engine_runner import EXIT_OK, EngineRunner
 from opentela.node.engine_set import EngineSet
+from opentela.node.failstop import FailStop
 from opentela.node.hardware import probe_hardware
 from opentela.node.http_service import LocalEngineProxy
 from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
@@ -91,12 +91,22 @@ class NodeAgent:
         self._mesh: MeshView | None = None
         self.exit_code: int | None = None
         self._stop = asyncio.Event()
-        self._failing = False
         self._tasks = TaskSet("node", on_error=self._task_failed)
         self.engines = EngineSet(lambda: self.log_dir or Path.cwd(), self._make_runner, self._tasks.spawn)
         self._configured_engine = engine  # launched by start()
         self.proxy = LocalEngineProxy(self.engines.serving_url, max_body=node.max_body_bytes)
         self._closers: list[Callable[[], None]] = []
+        self.fail_stop = FailStop(
+            node,
+            self.engines,
+            identify=lambda: (self.peer_id, self.session_id, self.provider_id),
+            go_down=self._go_down,
+            request_stop=self.request_stop,
+            stopping=self._stop.is_set,
+            log_sink=self.log_sink,
+            node_log=node_log,
+        )
+        """Call with a reason and an exit code to stop on a fatal local condition (the first one wins)."""
         self.control = ControlService(
             node.controllers, node.accept_assignments == "any", self._assignment_busy, self.assign_engine
         )
@@ -239,7 +249,7 @@ class NodeAgent:
     # --- assignments from a fleet controller (/otela/control/1) ----------------------------------------------
     def _assignment_busy(self) -> str | None:
         """Why this node cannot take an assignment now, or None when it is idle."""
-        if self.registry is None or self._stop.is_set() or self._failing:
+        if self.registry is None or self._stop.is_set() or self.fail_stop.failing:
             return "the node is stopping"
         if self.engine is not None:
             return f"the node already runs engine {self.engine.name}"
@@ -271,17 +281,15 @@ class NodeAgent:
         before = self.registry.last_own or self.registry.local
         if before.lifecycle > Lifecycle.SERVING:
             return
-        session = new_session_id()
-        record = resumed_record(before, self.identity, session)
-        old = self.session_id
-        self.session_id = session
-        self.membership.restart(session)
+        old, self.session_id = self.session_id, new_session_id()
+        record = resumed_record(before, self.identity, self.session_id)
+        self.membership.restart(self.session_id)
         self.registry.start_session(record)
         logger.warning(
             "rejoined under a new session",
             extra={
                 "old_session": old[:12],
-                "session": session[:12],
+                "session": self.session_id[:12],
                 "why": why,
                 "state": record.lifecycle.name,
             },
@@ -292,40 +300,10 @@ class NodeAgent:
         log_task_error(task, exc)
         self.request_stop(1)
 
-    # --- fail-stop and leaving ------------------------------------------------------------------------------
-    async def fail_stop(self, reason: str, code: int) -> None:
-        """Stop on a fatal local condition: write DOWN, ship the log tail to the sink, and exit with `code`.
-
-        The first fatal condition wins; later ones (the engine dying of what the log already said) are ignored.
-        """
-        if self._failing or self._stop.is_set():
-            return
-        self._failing = True
-        self.engines.retire()  # refuse new tunnelled requests at once
-        try:
-            await self._go_down(reason)
-        except OpenTelaError as exc:
-            logger.warning("could not announce DOWN: %s", exc)
-        if self.log_sink is not None:
-            await self.log_sink.ship(self.failure_report(reason, code))
-        self.request_stop(code)
-
+    # --- stopping ---------------------------------------------------------------------------------------------
     def failure_report(self, reason: str, code: int) -> FailStopReport:
         """What this node says about itself when it fail-stops."""
-        n = self.node_config.log_tail_lines
-        runner = self.engines.first
-        return FailStopReport(
-            peer_id=self.peer_id,
-            session_id=self.session_id,
-            provider_id=self.provider_id,
-            hostname=socket.gethostname(),
-            reason=reason,
-            exit_code=code,
-            engine=runner.spec.name if runner else "",
-            engine_log_path=str(runner.log_path) if runner else "",
-            engine_log=runner.log_tail(n) if runner else [],
-            node_log=self.node_log.tail(n) if self.node_log is not None else [],
-        )
+        return self.fail_stop.report(reason, code)
 
     async def _go_down(self, reason: str) -> None:
         assert self.registry is not None and self.gossip is not None
