@@ -15,7 +15,7 @@ from aiohttp import web
 
 from loopback_http import serve_app
 from opentela.cli.localmesh import OTELA, LocalMesh, free_port
-from opentela.node.agent import EXIT_ENGINE_DIED, EXIT_ENGINE_UNHEALTHY, EXIT_FATAL_LOG_LINE
+from opentela.node.engine_runner import EXIT_ENGINE_DIED, EXIT_ENGINE_UNHEALTHY, EXIT_FATAL_LOG_LINE
 
 pytestmark = pytest.mark.integration
 

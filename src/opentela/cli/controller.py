@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from opentela._types import PROTO_CONTROL, Lifecycle
+from opentela._types import Lifecycle
 from opentela.config import OtelaConfig, config_home, load_config
 from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
 from opentela.fabric.identity import Identity
@@ -149,20 +149,11 @@ class FleetControllerNode:
 
     def records(self) -> list[NodeRecord]:
         """Live records of this replica, without the peers our liveness layer suspects."""
-        registry, membership = self.agent.registry, self.agent.membership
-        assert registry is not None and membership is not None
-        now = time.time()
-        return [
-            r
-            for r in registry.records()
-            if registry.visible(r, now) and r.lifecycle <= Lifecycle.SERVING and not membership.is_excluded(r)
-        ]
+        return self.agent.mesh.live_records()
 
     async def send(self, peer_id: str, message: dict[str, Any]) -> dict[str, Any]:
         """Deliver one control message over /otela/control/1 and return the node's answer."""
-        assert self.agent.host is not None
-        addrs = next((r.addrs for r in self.records() if r.peer_id == peer_id), ())
-        stream = await self.agent.host.open_stream(peer_id, PROTO_CONTROL, addrs=addrs, timeout=10.0)
+        stream = await self.agent.mesh.open_control_stream(peer_id, timeout=10.0)
         try:
             await write_msg(stream, message)
             await stream.write_eof()
@@ -180,7 +171,6 @@ class FleetControllerNode:
 
     def watch_registry(self) -> None:
         """Wake the loop early when a worker joins idle (its JOIN record without models arrives)."""
-        assert self.agent.registry is not None
 
         def changed(record: NodeRecord, local: bool) -> None:
             if (
@@ -191,7 +181,7 @@ class FleetControllerNode:
             ):
                 self.wake.set()
 
-        self.agent.registry.on_change(changed)
+        self.agent.mesh.on_change(changed)
 
     async def wait_synced(self, http: aiohttp.ClientSession, ingress: str) -> None:
         """Wait until our replica holds every live session the ingress lists (or give up after a while)."""

@@ -44,8 +44,6 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
     identity = Identity.load_or_create(node.key_file or config_home() / "identity.key")
     engine = resolve_engine(config, command)
     log_dir = Path(node.log_dir) if node.log_dir else state_home() / "logs"
-    if node.reachability not in ("public", "private", "auto"):
-        raise ConfigError(f"reachability must be public, private or auto, not {node.reachability!r}")
     fabric = config.fabric
     if node.reachability == "private":
         fabric = dataclasses.replace(fabric, relay_serve=False)  # nobody can dial us, so we relay for nobody
@@ -75,7 +73,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
             print("engine    none: joined with hardware only, waiting to be assigned work", file=sys.stderr)
         if node.role == "ingress":
             host, port, _ = parse_addr(config.gateway.http)
-            gateway = Gateway(agent, config.gateway)
+            gateway = Gateway(agent.mesh, config.gateway)
             url = await gateway.start(host, port)
             print(f"api       {url}/v1", file=sys.stderr)
             if config.frontend.enabled:

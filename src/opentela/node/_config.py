@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import dataclass, field
 
@@ -20,6 +21,31 @@ DEFAULT_FATAL_LOG_PATTERNS: tuple[str, ...] = (
     r"EngineDeadError",
 )
 """Engine log lines that mean the engine (or its GPU) cannot go on: NCCL timeouts and errors, CUDA faults."""
+
+
+class Role(enum.StrEnum):
+    """What a node does besides joining the mesh; the values are the spellings of files, variables and flags."""
+
+    WORKER = "worker"
+    INGRESS = "ingress"
+    CONTROLLER = "controller"  # set by `otela controller` only
+
+
+class Reachability(enum.StrEnum):
+    """How peers reach a node: dialling it, through relays, or whichever a bootstrap peer finds works."""
+
+    PUBLIC = "public"
+    PRIVATE = "private"
+    AUTO = "auto"
+
+
+def _as_enum(kind: type[enum.StrEnum], name: str, value: object) -> enum.StrEnum:
+    """`value` as a member of `kind`, or a ConfigError listing the allowed spellings."""
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(f"`{m.value}`" for m in kind)
+        raise ConfigError(f"[node] {name} must be one of {allowed}, not {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -50,8 +76,8 @@ class NodeConfig:
         default="",
         metadata={"help": "Ed25519 identity key (default: $XDG_CONFIG_HOME/opentela/identity.key)."},
     )
-    role: str = field(
-        default="worker", metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."}
+    role: Role = field(
+        default=Role.WORKER, metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."}
     )
     engine: str = field(
         default="", metadata={"help": "Engine shorthand (`embedded`, `simulated`) when no command is given."}
@@ -73,8 +99,8 @@ class NodeConfig:
         default=8 * 1024 * 1024,
         metadata={"help": "Largest tunnelled request this node accepts for its engine."},
     )
-    reachability: str = field(
-        default="auto",
+    reachability: Reachability = field(
+        default=Reachability.AUTO,
         metadata={
             "help": "`public` (peers can dial us), `private` (outbound only: reached through relay slots "
             "reserved on the bootstrap peers) or `auto` (a bootstrap peer dials us back; private if it cannot)."
@@ -144,6 +170,9 @@ class NodeConfig:
     )
 
     def __post_init__(self) -> None:
+        # Files, variables and flags give plain strings: hold the members, so a typo fails at load time.
+        object.__setattr__(self, "role", _as_enum(Role, "role", self.role))
+        object.__setattr__(self, "reachability", _as_enum(Reachability, "reachability", self.reachability))
         for name in ("health_interval", "health_failures", "unhealthy_limit", "log_tail_lines"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"[node] {name} must be >= 0, got {getattr(self, name)!r}")

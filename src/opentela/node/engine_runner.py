@@ -1,0 +1,173 @@
+"""Running one engine on a node: start it, wait until it serves, watch its health and log, give the verdict.
+
+A node may run several engines, each its own replica: it holds one EngineRunner per engine, keyed by
+`EngineRunner.key`. The runner decides nothing about the node; it reports through its callbacks:
+`on_serving` once the engine answers with its models, `on_fatal(reason, exit_code)` when the engine is lost
+(the node fail-stops), and, for an assigned engine, `on_not_served(runner, reason)` when it never served (the
+node goes back to idle instead of exiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from opentela._tasks import ErrorHandler, TaskSet, log_task_error
+from opentela.engines.base import EngineSpec, advertised_settings
+from opentela.errors import EngineCrashedError, UpstreamTimeout
+from opentela.node._config import NodeConfig
+from opentela.node.engine_health import check_http, watch_health
+from opentela.node.logwatch import FatalLogWatch
+from opentela.node.supervisor import EngineSupervisor
+from opentela.registry.record import ModelEntry
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_ENGINE_DIED = 3
+EXIT_ENGINE_NOT_READY = 4
+EXIT_ENGINE_UNHEALTHY = 5
+EXIT_FATAL_LOG_LINE = 6
+
+OnServing = Callable[["EngineRunner", tuple[ModelEntry, ...]], None]
+OnFatal = Callable[[str, int], Awaitable[None]]
+OnNotServed = Callable[["EngineRunner", str], Awaitable[None]]
+
+
+def served_models(spec: EngineSpec, served: list[dict[str, Any]]) -> tuple[ModelEntry, ...]:
+    """The record's model entries for what the engine's /v1/models listed."""
+    return tuple(
+        ModelEntry(id=str(m["id"]), engine=spec.name, settings=advertised_settings(m))
+        for m in served
+        if m.get("id")
+    )
+
+
+class EngineRunner:
+    """One engine of this node, from start to its last verdict.
+
+    `stop` is the node's stop event: an engine that exits while the node stops (a batch system signals both)
+    is no failure. `retire()` silences the runner once the node fail-stops for any reason.
+    """
+
+    def __init__(
+        self,
+        spec: EngineSpec,
+        log_path: Path,
+        config: NodeConfig,
+        *,
+        stop: asyncio.Event,
+        on_serving: OnServing,
+        on_fatal: OnFatal,
+        on_not_served: OnNotServed | None = None,
+        on_task_error: ErrorHandler = log_task_error,
+    ) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self.config = config
+        self._stop = stop
+        self._on_serving, self._on_fatal, self._on_not_served = on_serving, on_fatal, on_not_served
+        self.supervisor = EngineSupervisor(spec, log_path, ready_timeout=config.ready_timeout)
+        self.ready = False
+        self.retired = False
+        self.models: tuple[ModelEntry, ...] = ()
+        self._watchers = TaskSet(f"engine-{spec.name}", on_error=on_task_error)
+
+    def __repr__(self) -> str:
+        state = "ready" if self.ready else ("retired" if self.retired else "not ready")
+        return f"<EngineRunner {self.key} {state} {self.supervisor!r}>"
+
+    @property
+    def key(self) -> str:
+        """How the node tells its engines apart: name and port."""
+        return f"{self.spec.name}:{self.spec.port}"
+
+    @property
+    def assigned(self) -> bool:
+        """Whether a controller assigned this engine (it then sends the node back to idle when it fails)."""
+        return self._on_not_served is not None
+
+    def retire(self) -> None:
+        """The node is going down: refuse requests at once and report nothing more."""
+        self.ready, self.retired = False, True
+
+    def log_tail(self, n_lines: int) -> list[str]:
+        """The engine's last `n_lines` log lines (none for n_lines = 0)."""
+        return self.supervisor.log_tail(n_lines).splitlines() if n_lines > 0 else []
+
+    async def run(self) -> None:
+        """Start the engine, announce it when it serves, and give the verdict when it fails or exits."""
+        try:
+            await self.supervisor.start()
+        except EngineCrashedError as exc:
+            await self._not_served(f"engine could not start: {exc.message}")
+            return
+        logger.info("engine started", extra={"pid": self.supervisor.pid, "log": str(self.log_path)})
+        log_watch = FatalLogWatch(
+            self.log_path, self.config.fatal_log_patterns, offset=self.supervisor.output_offset
+        )
+        if log_watch.patterns:
+            # Watched from the start: an NCCL timeout while loading should not wait out the ready timeout.
+            self._watchers.spawn(self._watch_log(log_watch), "log-watch")
+        try:
+            served = await self.supervisor.wait_ready()
+        except (EngineCrashedError, UpstreamTimeout) as exc:
+            logger.error("engine never became ready: %s", exc)
+            await self._not_served(f"engine not ready: {exc.message}")
+            return
+        self.models = served_models(self.spec, served)
+        self.ready = True
+        self._on_serving(self, self.models)
+        if self.config.health_interval > 0:
+            self._watchers.spawn(self._watch_health(), "health")
+        code = await self.supervisor.wait_exit()
+        self.ready = False
+        # A batch system signals the node and its engine together: let the node's own stop arrive first.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), 0.5)
+        if self._stop.is_set() or self.retired:
+            return
+        reason = f"engine exited with code {code}"
+        fatal = log_watch.scan(final=True)
+        if fatal is not None:
+            reason += f" after a fatal log line: {fatal}"
+        logger.error("%s; marking this node DOWN", reason, extra={"log": str(self.log_path)})
+        await self._on_fatal(reason, EXIT_ENGINE_DIED)
+
+    async def _not_served(self, reason: str) -> None:
+        if self._on_not_served is None:
+            await self._on_fatal(reason, EXIT_ENGINE_NOT_READY)
+            return
+        logger.error("assigned engine failed; the node is idle again: %s", reason)
+        await self.aclose()
+        await self._on_not_served(self, reason)
+
+    async def _watch_log(self, watch: FatalLogWatch) -> None:
+        line = await watch.watch()
+        logger.error("fatal line in the engine log: %s", line, extra={"log": str(watch.path)})
+        await self._on_fatal(f"fatal engine log line: {line}", EXIT_FATAL_LOG_LINE)
+
+    async def _watch_health(self) -> None:
+        cfg = self.config
+        url = self.spec.base_url + self.spec.health_path
+        async with aiohttp.ClientSession() as http:
+            reason = await watch_health(
+                lambda: check_http(http, url, cfg.health_timeout),
+                interval=cfg.health_interval,
+                failures=cfg.health_failures,
+                unhealthy_limit=cfg.unhealthy_limit,
+            )
+        logger.error("%s: fail-stop", reason, extra={"url": url})
+        await self._on_fatal(reason, EXIT_ENGINE_UNHEALTHY)
+
+    async def aclose(self) -> None:
+        """Stop watching and stop the engine (SIGTERM, then SIGKILL after the node's `stop_timeout`)."""
+        self.ready = False
+        await self._watchers.aclose()
+        await self.supervisor.stop(timeout=self.config.stop_timeout)
