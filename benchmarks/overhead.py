@@ -8,6 +8,19 @@ Each measurement interleaves the path under test with direct calls, so both see 
 JSON and writes docs/benchmarks/overhead.{json,md}.
 
     python benchmarks/overhead.py [--requests 1000] [--rates 1,4,16,64] [--seconds 15] [--no-litellm]
+                                  [--max-rate-seconds 8 (0 skips the highest-rate search)]
+
+Comparing two builds in one run: `--baseline-src DIR`, where DIR is the `src` folder of another checkout of this
+project (for example `git worktree add ../baseline <commit>`, then `--baseline-src ../baseline/src`), starts a
+second ingress and worker whose processes run with PYTHONPATH=DIR, so they import the other build (checked before
+measuring: a child with the same environment must import opentela from DIR). Both workers' engines are this
+build's simulated engine with the same settings, so only the mesh differs. The sequential measurement and the
+open-loop rates (16 req/s unless --rates says otherwise) interleave requests to both ingresses and direct engine
+calls; the result gives each build's added p50/p99, the ratio this build / baseline, and the load average during
+each step. It writes docs/benchmarks/overhead_vs_baseline.{json,md} and leaves overhead.{json,md} alone; LiteLLM
+and the highest-rate search are not run in this mode.
+
+    python benchmarks/overhead.py --baseline-src ../baseline/src [--requests 1000] [--rates 16] [--seconds 15]
 """
 
 from __future__ import annotations
@@ -19,6 +32,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +40,7 @@ from pathlib import Path
 
 import aiohttp
 
+import opentela
 from opentela.cli.localmesh import OTELA, LocalMesh, free_port
 from opentela.fabric.http_tunnel import (
     TunnelRequest,
@@ -44,6 +59,7 @@ BODY = json.dumps(
 ).encode()  # ~1 KB request, as in the fabric measurements
 STAGES = ("parse", "route", "open", "upstream", "engine", "reply")
 MAX_RATE_P99_MS = 10.0
+NEW_SRC = Path(opentela.__file__).resolve().parents[1]  # the build this benchmark imports
 
 
 class Path_:
@@ -131,9 +147,17 @@ async def open_loop(
     http: aiohttp.ClientSession, via: Path_, direct: Path_, rate: float, seconds: float, seed: int = 42
 ) -> dict:
     """Poisson arrivals at `rate` req/s on each of two paths, interleaved, for `seconds`."""
+    return (await open_loop_paths(http, [via], direct, rate, seconds, seed))[0]
+
+
+async def open_loop_paths(
+    http: aiohttp.ClientSession, vias: list[Path_], direct: Path_, rate: float, seconds: float, seed: int = 42
+) -> list[dict]:
+    """Poisson arrivals at `rate` req/s; each arrival sends one request on every path (direct included) in a
+    random order, for `seconds`. One summary per path in `vias`, each against the same direct calls."""
     rng = random.Random(seed)
-    lat: dict[str, list[float]] = {via.name: [], direct.name: []}
-    stages: list[dict[str, float]] = []
+    lat: dict[str, list[float]] = {p.name: [] for p in (*vias, direct)}
+    stages: dict[str, list[dict[str, float]]] = {p.name: [] for p in vias}
     errors = 0
 
     async def one(p: Path_) -> None:
@@ -144,8 +168,8 @@ async def open_loop(
             errors += 1
             return
         lat[p.name].append(elapsed)
-        if st:
-            stages.append(st)
+        if st and p.name in stages:
+            stages[p.name].append(st)
 
     async with asyncio.TaskGroup() as tg:
         start = time.perf_counter()
@@ -154,13 +178,21 @@ async def open_loop(
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            first, second = (via, direct) if rng.random() < 0.5 else (direct, via)
-            tg.create_task(one(first))
-            tg.create_task(one(second))
+            order = [*vias, direct]
+            if len(order) == 2:  # the two-path order draw of earlier runs, so their seeds still match
+                if rng.random() >= 0.5:
+                    order.reverse()
+            else:
+                rng.shuffle(order)
+            for p in order:
+                tg.create_task(one(p))
             t += rng.expovariate(rate)
-    out = summarize(via.name, lat[via.name], lat[direct.name], stages)
-    out["rate_rps"] = rate
-    out["errors"] = errors
+    out = []
+    for via in vias:
+        res = summarize(via.name, lat[via.name], lat[direct.name], stages[via.name])
+        res["rate_rps"] = rate
+        res["errors"] = errors
+        out.append(res)
     return out
 
 
@@ -208,11 +240,9 @@ async def run(args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="otela-bench-") as tmp:
         async with LocalMesh(Path(tmp)) as mesh:
             await mesh.start_ingress("--log-level", "WARNING", env={"OTELA_GATEWAY_SERVER_TIMING": "true"})
-            engine = [
-                *OTELA, "engine", "simulated", "--model", MODEL, "--port", str(engine_port),
-                "--ttft-ms", str(args.ttft_ms), "--itl-ms", "0", "--default-max-tokens", "1",
-            ]  # fmt: skip
-            await mesh.add_worker("worker", engine, "--log-level", "WARNING")
+            await mesh.add_worker(
+                "worker", simulated_engine(engine_port, args.ttft_ms), "--log-level", "WARNING"
+            )
             await mesh.wait_serving(MODEL, 1, timeout=60)
             direct = Path_("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions")
             via_mesh = Path_("mesh", f"{mesh.api}/chat/completions")
@@ -236,10 +266,12 @@ async def run(args: argparse.Namespace) -> dict:
                             )
                             rates.append(await open_loop(http, p, direct, rate, args.seconds))
             # LiteLLM is stopped by now: an overloaded proxy must not steal the cores the search measures.
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as http:
-                print("highest sustained rate...", file=sys.stderr)
-                await closed_loop(http, [direct, via_mesh], 50)
-                highest = await max_rate(http, via_mesh, direct, args.max_rate_seconds)
+            highest = None
+            if args.max_rate_seconds > 0:
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as http:
+                    print("highest sustained rate...", file=sys.stderr)
+                    await closed_loop(http, [direct, via_mesh], 50)
+                    highest = await max_rate(http, via_mesh, direct, args.max_rate_seconds)
     return {
         "benchmark": "overhead",
         "machine": {
@@ -256,6 +288,174 @@ async def run(args: argparse.Namespace) -> dict:
         "max_rate": highest,
         "header_bytes": header_bytes(),
     }
+
+
+def simulated_engine(port: int, ttft_ms: float) -> list[str]:
+    """This build's simulated engine on `port`: a fixed `ttft_ms`, one output token."""
+    return [
+        *OTELA, "engine", "simulated", "--model", MODEL, "--port", str(port),
+        "--ttft-ms", str(ttft_ms), "--itl-ms", "0", "--default-max-tokens", "1",
+    ]  # fmt: skip
+
+
+def imported_from(env: dict[str, str] | None) -> str:
+    """The opentela package a child of this interpreter imports with `env` (what the mesh's processes load)."""
+    probe = [sys.executable, "-c", "import opentela; print(opentela.__file__)"]
+    out = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60, check=True)
+    return str(Path(out.stdout.strip()).resolve())
+
+
+def build_info(src: Path, env: dict[str, str] | None) -> dict:
+    """Where a build lives, what its processes import, and its commit when the checkout is a git one."""
+    commit = subprocess.run(
+        ["git", "-C", str(src), "log", "-1", "--format=%h %s"], capture_output=True, text=True, check=False
+    )
+    return {
+        "src": str(src),
+        "opentela_file": imported_from(env),
+        "commit": commit.stdout.strip() or None,
+    }
+
+
+def _loadavg_1m() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+async def run_vs_baseline(args: argparse.Namespace) -> dict:
+    """This build's mesh and the baseline build's mesh side by side, each against the same direct engine calls."""
+    baseline_src = Path(args.baseline_src).resolve()
+    baseline_env = {**os.environ, "PYTHONPATH": str(baseline_src)}
+    new = build_info(NEW_SRC, None)
+    baseline = build_info(baseline_src, baseline_env)
+    if not Path(baseline["opentela_file"]).is_relative_to(baseline_src):
+        raise SystemExit(
+            f"with PYTHONPATH={baseline_src}, opentela is imported from {baseline['opentela_file']}"
+        )
+    if baseline["opentela_file"] == new["opentela_file"]:
+        raise SystemExit("--baseline-src is this build's own src folder")
+    engine_port, baseline_engine_port = free_port(), free_port()
+    loadavg_start = os.getloadavg()
+    timing = {"OTELA_GATEWAY_SERVER_TIMING": "true"}
+    with tempfile.TemporaryDirectory(prefix="otela-bench-") as tmp:
+        async with (
+            LocalMesh(Path(tmp) / "new") as mesh,
+            LocalMesh(Path(tmp) / "baseline", env=baseline_env) as base_mesh,
+        ):
+            await mesh.start_ingress("--log-level", "WARNING", env=timing)
+            await mesh.add_worker(
+                "worker", simulated_engine(engine_port, args.ttft_ms), "--log-level", "WARNING"
+            )
+            await base_mesh.start_ingress("--log-level", "WARNING", env=timing)
+            # The baseline's worker runs this build's engine, so the two paths differ only in the mesh.
+            engine = ["env", f"PYTHONPATH={NEW_SRC}", *simulated_engine(baseline_engine_port, args.ttft_ms)]
+            await base_mesh.add_worker("worker", engine, "--log-level", "WARNING")
+            await mesh.wait_serving(MODEL, 1, timeout=60)
+            await base_mesh.wait_serving(MODEL, 1, timeout=60)
+            direct = Path_("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions")
+            via_new = Path_("mesh", f"{mesh.api}/chat/completions")
+            via_base = Path_("baseline", f"{base_mesh.api}/chat/completions")
+            paths = [direct, via_new, via_base]
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as http:
+                print("warming up...", file=sys.stderr)
+                await closed_loop(http, paths, 100)
+                print(f"closed loop, {args.requests} requests per path...", file=sys.stderr)
+                seq = await closed_loop(http, paths, args.requests)
+                steps = [
+                    _comparison(
+                        "sequential",
+                        [
+                            summarize(p.name, seq[p.name][0], seq["direct"][0], seq[p.name][1])
+                            for p in paths[1:]
+                        ],
+                    )
+                ]
+                for rate in [float(r) for r in (args.rates or "16").split(",") if r]:
+                    print(
+                        f"open loop, both builds, {rate:g} req/s for {args.seconds:g} s...", file=sys.stderr
+                    )
+                    res = await open_loop_paths(http, [via_new, via_base], direct, rate, args.seconds)
+                    steps.append(_comparison(f"{rate:g} req/s", res))
+    return {
+        "benchmark": "overhead_vs_baseline",
+        "machine": {
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_start": [round(x, 2) for x in loadavg_start],
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "engine": f"simulated, fixed {args.ttft_ms} ms, 1 output token, non-streaming, ~1 KB request",
+        "builds": {"new": new, "baseline": baseline},
+        "steps": steps,
+    }
+
+
+def _ratio(new: float, baseline: float) -> float | None:
+    # A ratio of added latencies means nothing when the baseline added nothing (or less than direct calls).
+    return round(new / baseline, 3) if baseline > 0 else None
+
+
+def _comparison(load: str, summaries: list[dict]) -> dict:
+    """One step's summaries of both builds, their ratios (this build / baseline) and the load average now."""
+    new, base = summaries
+    out: dict = {"load": load, "loadavg_1m": _loadavg_1m(), "new": new, "baseline": base}
+    for q in (50, 99):
+        out[f"ratio_added_p{q}"] = _ratio(new[f"added_p{q}_ms"], base[f"added_p{q}_ms"])
+    return out
+
+
+def render_baseline_markdown(result: dict) -> str:
+    """A short human summary of a --baseline-src run."""
+    m, b = result["machine"], result["builds"]
+    lines = [
+        "# Overhead of the mesh: this build against a baseline",
+        "",
+        "`benchmarks/overhead.py --baseline-src`: two meshes (ingress + one worker each) on loopback, one running",
+        "this build and one the baseline build, measured in the same run with their requests interleaved with",
+        f"direct calls to the engine. Both workers' engines are this build's: {result['engine']}.",
+        f"Machine: {m['cpus']} CPUs, Python {m['python']}, shared with other work: load average "
+        f"{m['loadavg_start'][0]} at the start, {m['loadavg_end'][0]} at the end.",
+        "",
+        "| build | src | imports opentela from | commit |",
+        "|---|---|---|---|",
+    ]
+    for name in ("new", "baseline"):
+        lines.append(
+            f"| {name} | `{b[name]['src']}` | `{b[name]['opentela_file']}` | {b[name]['commit'] or '-'} |"
+        )
+    lines += [
+        "",
+        "## Added latency, this build against the baseline",
+        "",
+        "| load | requests | added p50 new | added p50 baseline | ratio p50 | added p99 new | added p99 baseline "
+        "| ratio p99 | load avg (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for st in result["steps"]:
+        new, base = st["new"], st["baseline"]
+        lines.append(
+            f"| {st['load']} | {new['requests']} / {base['requests']} | {new['added_p50_ms']} | "
+            f"{base['added_p50_ms']} | **{_fmt_ratio(st['ratio_added_p50'])}** | {new['added_p99_ms']} | "
+            f"{base['added_p99_ms']} | **{_fmt_ratio(st['ratio_added_p99'])}** | {st['loadavg_1m']} |"
+        )
+    lines += [
+        "",
+        "Times in milliseconds; a ratio under 1 means this build adds less latency than the baseline. Both builds",
+        "saw the same machine load, so the ratio is fairer than two separate runs' figures; on a shared machine",
+        "each p99 still moves with other work.",
+        "",
+        "## Both paths in full",
+        "",
+        "| load | path | requests | direct p50 | via p50 | added p50 | direct p99 | via p99 | added p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for st in result["steps"]:
+        lines += [_row(st["load"], st["new"]), _row(st["load"], st["baseline"])]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_ratio(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:g}"
 
 
 class _Nothing:
@@ -332,20 +532,25 @@ def render_markdown(result: dict) -> str:
                 f"{b['return_http']} | {b['direct_total']} |"
             )
     mr = result["max_rate"]
-    lines += [
-        "",
-        "## Highest sustained rate",
-        "",
-        f"One ingress kept its added p99 at or under {MAX_RATE_P99_MS:g} ms up to **{mr['sustained_rps']:g} req/s**"
-        " (Poisson, plus the same rate of direct calls from the same client process, all on this machine):",
-        "",
-        "| rate | requests | added p50 | added p99 | errors |",
-        "|---|---|---|---|---|",
-    ]
-    for s in mr["steps"]:
-        lines.append(
-            f"| {s['rate_rps']:g} | {s['requests']} | {s['added_p50_ms']} | {s['added_p99_ms']} | {s['errors']} |"
-        )
+    if mr is None:
+        lines += ["", "## Highest sustained rate", "", "Not searched in this run (`--max-rate-seconds 0`)."]
+    else:
+        lines += [
+            "",
+            "## Highest sustained rate",
+            "",
+            f"One ingress kept its added p99 at or under {MAX_RATE_P99_MS:g} ms up to "
+            f"**{mr['sustained_rps']:g} req/s** (Poisson, plus the same rate of direct calls from the same client "
+            "process, all on this machine):",
+            "",
+            "| rate | requests | added p50 | added p99 | errors |",
+            "|---|---|---|---|---|",
+        ]
+        for s in mr["steps"]:
+            lines.append(
+                f"| {s['rate_rps']:g} | {s['requests']} | {s['added_p50_ms']} | {s['added_p99_ms']} | "
+                f"{s['errors']} |"
+            )
     hb = result["header_bytes"]
     seq = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
     if seq and seq.get("stages_p50_ms"):
@@ -436,14 +641,39 @@ async def main() -> int:
     """Run the benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1000, help="closed-loop requests per path")
-    ap.add_argument("--rates", default="1,4,16,64", help="open-loop rates (req/s per path)")
+    ap.add_argument(
+        "--rates",
+        default=None,
+        help="open-loop rates (req/s per path; default 1,4,16,64, or 16 with --baseline-src)",
+    )
     ap.add_argument("--seconds", type=float, default=15.0, help="duration of each open-loop rate")
-    ap.add_argument("--max-rate-seconds", type=float, default=8.0, help="duration of each max-rate step")
+    ap.add_argument(
+        "--max-rate-seconds",
+        type=float,
+        default=8.0,
+        help="duration of each max-rate step (0: skip the search)",
+    )
     ap.add_argument("--ttft-ms", type=float, default=2.0, help="fixed latency of the stand-in engine")
     ap.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM comparison")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="where to write results")
     ap.add_argument("--render", metavar="JSON", help="only rewrite overhead.md from an earlier overhead.json")
+    ap.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="the src folder of another checkout: compare this build with it in one run (see above)",
+    )
     args = ap.parse_args()
+    if args.baseline_src:
+        if not (Path(args.baseline_src) / "opentela" / "__init__.py").is_file():
+            ap.error(f"--baseline-src {args.baseline_src}: no opentela package there")
+        result = await run_vs_baseline(args)
+        print(json.dumps(result, indent=2))
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "overhead_vs_baseline.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "overhead_vs_baseline.md").write_text(render_baseline_markdown(result))
+        return 0
+    args.rates = args.rates or "1,4,16,64"
     if args.render:
         result = json.loads(Path(args.render).read_text())
         (Path(args.out) / "overhead.md").write_text(render_markdown(result))

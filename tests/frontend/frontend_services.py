@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import shutil
 import subprocess
@@ -13,7 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import system_tools
 from opentela.cli.localmesh import free_port
+from system_tools import Unavailable, postgres_bindir, require_tool, tool_env
 
 INSTALL_TIMES: dict[str, float] = {}
 CHROMIUM = Path("/usr/bin/chromium")
@@ -29,39 +30,9 @@ CHROMIUM_FLAGS = [
 ]
 
 
-class Unavailable(Exception):
-    """The service cannot run on this machine; the message says why (it becomes the skip reason)."""
-
-
 def apt_install(*packages: str) -> None:
-    """apt-get install, timed; Unavailable when apt is missing, we are not root, or the install fails."""
-    if shutil.which("apt-get") is None:
-        raise Unavailable(f"{', '.join(packages)} missing and there is no apt-get to install it")
-    if os.geteuid() != 0:
-        raise Unavailable(f"{', '.join(packages)} missing and installing needs root")
-    started = time.monotonic()
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    argv = [
-        "apt-get",
-        "install",
-        "-y",
-        "-q",
-        "--no-install-recommends",
-        "-o",
-        "DPkg::Lock::Timeout=600",
-        *packages,
-    ]
-    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900, check=False)
-    if out.returncode != 0:
-        update = subprocess.run(
-            ["apt-get", "update", "-q"], capture_output=True, text=True, timeout=600, check=False
-        )
-        out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900, check=False)
-        if out.returncode != 0:
-            raise Unavailable(
-                f"apt-get install {' '.join(packages)} failed: {(update.stderr + out.stderr)[-500:]}"
-            )
-    INSTALL_TIMES[" ".join(packages)] = time.monotonic() - started
+    """apt-get install, timed into INSTALL_TIMES; Unavailable when apt is missing, we are not root, or it fails."""
+    INSTALL_TIMES[" ".join(packages)] = system_tools.apt_install(*packages)
 
 
 def ensure_chromium() -> Path:
@@ -71,11 +42,6 @@ def ensure_chromium() -> Path:
     if not CHROMIUM.exists():
         raise Unavailable("apt-get installed chromium but /usr/bin/chromium is missing")
     return CHROMIUM
-
-
-def _postgres_bin() -> Path | None:
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    return Path(found[-1]).parent if found else None
 
 
 @dataclass
@@ -99,8 +65,11 @@ class PostgresServer:
         return self.url(name)
 
     def _run(self, *argv: str) -> None:
-        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        out = subprocess.run([*prefix, *argv], capture_output=True, text=True, timeout=120, check=False)
+        # As root, PostgreSQL's tools run as the postgres user (initdb and the server refuse to run as root).
+        prefix = [require_tool("runuser", "util-linux"), "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        out = subprocess.run(
+            [*prefix, *argv], capture_output=True, text=True, env=tool_env(), timeout=120, check=False
+        )
         if out.returncode != 0:
             raise Unavailable(f"{Path(argv[0]).name} failed: {(out.stdout + out.stderr)[-800:]}")
 
@@ -108,14 +77,16 @@ class PostgresServer:
 @contextlib.contextmanager
 def postgres_server() -> Iterator[PostgresServer]:
     """Install (if needed), initdb and start PostgreSQL as the postgres user; stop and delete it afterwards."""
-    bindir = _postgres_bin()
+    bindir = postgres_bindir()
     if bindir is None:
         apt_install("postgresql")
-        bindir = _postgres_bin()
+        bindir = postgres_bindir()
         if bindir is None:
             raise Unavailable(
                 "apt-get installed postgresql but no initdb was found under /usr/lib/postgresql"
             )
+    if os.geteuid() == 0:
+        require_tool("runuser", "util-linux")  # fail with the reason before anything is created
     root = Path(tempfile.mkdtemp(prefix="otela-pg-"))
     datadir = root / "data"
     user = "postgres" if os.geteuid() == 0 else os.environ.get("USER", "postgres")

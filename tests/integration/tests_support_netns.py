@@ -2,26 +2,37 @@
 
 from __future__ import annotations
 
+import functools
 import os
-import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
 
 import pytest
 
+from system_tools import Unavailable, ensure_tool, find_tool, tool_env
+
+
+@functools.cache
+def ip_tool() -> str:
+    """Full path of iproute2's `ip` (PATH, then the sbin folders); skip the test when it is not installed."""
+    found = find_tool("ip")
+    if found is None:
+        pytest.skip("iproute2 (`ip`) is not installed (searched PATH and the sbin folders)")
+    return found
+
 
 def _ip(*args: str, ns: str | None = None) -> None:
-    argv = ["ip", *(["netns", "exec", ns, "ip"] if ns else []), *args]
-    subprocess.run(argv, check=True, capture_output=True, timeout=10)
+    ip = ip_tool()
+    argv = [ip, *(["netns", "exec", ns, ip] if ns else []), *args]
+    subprocess.run(argv, check=True, capture_output=True, env=tool_env(), timeout=10)
 
 
 def require_netns() -> None:
     """Skip (with the reason) where namespaces cannot be made: not root, or no iproute2."""
     if os.geteuid() != 0:
         pytest.skip("network namespaces need root")
-    if shutil.which("ip") is None:
-        pytest.skip("iproute2 (`ip`) is not installed")
+    ip_tool()
     probe = f"otp{uuid.uuid4().hex[:6]}"
     try:
         _ip("netns", "add", probe)
@@ -67,36 +78,30 @@ class Namespaces:
     def close(self) -> None:
         """Delete every namespace (their links go with them) and stray root-side links."""
         for name in self.names:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10, check=False)
+            subprocess.run([ip_tool(), "netns", "del", name], capture_output=True, timeout=10, check=False)
         for link in self.root_links:
             subprocess.run(
-                ["ip", "link", "del", f"{link[:-1]}b"], capture_output=True, timeout=10, check=False
+                [ip_tool(), "link", "del", f"{link[:-1]}b"], capture_output=True, timeout=10, check=False
             )
 
 
 def in_ns(ns: str, argv: Sequence[str]) -> list[str]:
-    """Run `argv` inside namespace `ns`."""
-    return ["ip", "netns", "exec", ns, *argv]
+    """Run `argv` inside namespace `ns` (`ip netns exec` looks its command up in the caller's PATH)."""
+    return [ip_tool(), "netns", "exec", ns, *argv]
 
 
 def ensure_nft() -> str:
     """The nft binary, installed from Debian's packages when missing; skip with the reason if that fails."""
-    found = shutil.which("nft")
-    if found:
-        return found
-    install = ["apt-get", "install", "-y", "-q", "nftables"]
-    for attempt in ([*install], ["apt-get", "update", "-q"], [*install]):
-        subprocess.run(attempt, capture_output=True, timeout=300, check=False)
-        if shutil.which("nft"):
-            return shutil.which("nft") or "nft"
-    pytest.skip("nftables is not installed and could not be installed with apt-get")
-    return ""
+    try:
+        return ensure_tool("nft", "nftables")
+    except Unavailable as exc:
+        pytest.skip(f"nftables cannot run here: {exc}")
 
 
 def drop_inbound_connections(ns: str) -> None:
     """Firewall `ns` the way a cluster's compute nodes are: outbound connections only, new inbound ones dropped."""
     nft = ensure_nft()
-    run = lambda *a: subprocess.run(["ip", "netns", "exec", ns, nft, *a], check=True, capture_output=True)  # noqa: E731
+    run = lambda *a: subprocess.run(in_ns(ns, [nft, *a]), check=True, capture_output=True, env=tool_env())  # noqa: E731
     run("add", "table", "inet", "otela_test")
     run("add", "chain", "inet", "otela_test", "in", "{ type filter hook input priority 0 ; policy accept ; }")
     run(

@@ -7,11 +7,12 @@ and the daemons listen on ports picked at start, so parallel test runs on one ho
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import time
 from pathlib import Path
+
+from system_tools import Unavailable, apt_install, find_tool, tool_env
 
 APT_PACKAGES = ("slurm-wlm", "munge")
 _DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "scancel", "squeue", "sinfo")
@@ -28,29 +29,23 @@ def _free_port() -> int:
 
 
 def _which(name: str) -> str | None:
-    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin:/usr/bin")
+    return find_tool(name)
 
 
 def ensure_installed() -> float:
     """Install slurm-wlm and munge with apt-get when a daemon is missing; returns the seconds spent installing."""
     if all(_which(d) for d in _DAEMONS):
         return 0.0
-    if os.geteuid() != 0:
-        raise SlurmUnavailable("Slurm is not installed and installing it (apt-get) needs root")
-    if shutil.which("apt-get") is None:
-        raise SlurmUnavailable("Slurm is not installed and this host has no apt-get to install it with")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_PACKAGES]
-    started = time.monotonic()
-    result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600, check=False)
-    if result.returncode != 0:  # stale package lists: refresh once and retry
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300, check=False)
-        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=600, check=False)
-    if result.returncode != 0 or not all(_which(d) for d in _DAEMONS):
+    try:
+        seconds = apt_install(*APT_PACKAGES, timeout=600)
+    except Unavailable as exc:
+        raise SlurmUnavailable(f"Slurm is not installed: {exc}") from exc
+    missing = [d for d in _DAEMONS if not _which(d)]
+    if missing:
         raise SlurmUnavailable(
-            f"apt-get could not install {' '.join(APT_PACKAGES)}:\n{result.stderr[-2000:]}"
+            f"apt-get installed {' '.join(APT_PACKAGES)} but {', '.join(missing)} are missing"
         )
-    return time.monotonic() - started
+    return seconds
 
 
 class SlurmCluster:
@@ -65,8 +60,8 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """This process's environment (read now: tests change it) pointing Slurm clients at this cluster."""
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        """This process's environment (read now: tests change it, PATH with the sbin folders) for this cluster."""
+        return tool_env(SLURM_CONF=str(self.conf))
 
     def __repr__(self) -> str:
         return f"<SlurmCluster {self.node} conf={self.conf} daemons={list(self.procs)}>"
@@ -108,7 +103,7 @@ class SlurmCluster:
             "--foreground",
         ]
         self.procs["munged"] = subprocess.Popen(
-            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tool_env(), start_new_session=True
         )
         deadline = time.monotonic() + 15
         while not self.munge_socket.exists():
