@@ -1,7 +1,8 @@
-"""Project rules that a test can check: ruff is clean and imports point down the layers."""
+"""Project rules that a test can check: ruff is clean, imports point down the layers, and mypy passes."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -13,8 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
-def run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+def run(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_ruff_is_clean() -> None:
@@ -29,4 +30,13 @@ def test_layers_point_down() -> None:
     if not tool.is_file():
         pytest.fail("import-linter is part of the test extras; install with pip install -e '.[test]'")
     out = run(str(tool))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.timeout(900)
+def test_types_check() -> None:
+    # Settings (strict layers, modules relaxed for now) live in pyproject.toml under [tool.mypy].
+    if importlib.util.find_spec("mypy") is None:
+        pytest.fail("mypy is part of the test extras; install with pip install -e '.[test]'")
+    out = run(sys.executable, "-m", "mypy", "src/opentela", timeout=840)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -390,8 +390,14 @@ class _Generation:
             due += self._itl()
         await resp.write(self._chunk(None, include_usage))
         if include_usage:
-            tail = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion"}
-            tail.update(created=self.created, model=self.handlers.config.model, choices=[], usage=self.usage)
+            tail: dict[str, Any] = {
+                "id": self.id,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created,
+                "model": self.handlers.config.model,
+                "choices": [],
+                "usage": self.usage,
+            }
             await resp.write(b"data: " + json.dumps(tail, separators=(",", ":")).encode() + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

@@ -191,7 +191,7 @@ class Host:
         conn = self._conns.get(peer_id)
         if conn is not None and conn.usable:
             return conn.open_stream(protocol)  # the hot path: no await, no allocation beyond the stream
-        targets = []
+        targets: list[_Target] = []
         circuits = [a for a in addrs if is_circuit(a)]
         for addr in addrs:
             if is_circuit(addr):
@@ -347,7 +347,7 @@ class Host:
 
     async def _dial(self, expected: PeerId | None, targets: list[_Target], deadline: float) -> PeerId:
         remaining = list(targets)
-        errors: list[Exception] = []
+        errors: list[BaseException] = []
         while remaining:
             try:
                 async with asyncio.timeout_at(deadline):
@@ -379,10 +379,10 @@ class Host:
                 raise
         where = ", ".join(format_addr(h, p) for h, p, _ in targets)
         who = expected or where
-        for exc in errors:
-            if isinstance(exc, HandshakeError):
-                raise exc
-        if any(isinstance(exc, DialTimeout) for exc in errors):
+        for error in errors:
+            if isinstance(error, HandshakeError):
+                raise error
+        if any(isinstance(error, DialTimeout) for error in errors):
             raise DialTimeout(f"connecting to {who} at {where} timed out", peer_id=expected)
         reasons = "; ".join(str(e) for e in errors) or "no address"
         raise PeerUnreachableError(f"cannot reach {who} at {where}: {reasons}", peer_id=expected)
@@ -401,7 +401,7 @@ class Host:
             return await asyncio.shield(other)
         if other is None and current is not None:
             # Dialed by address: from here on, dials naming this peer join ours instead of racing it.
-            self._dialing[peer_id] = current  # type: ignore[assignment]
+            self._dialing[peer_id] = current
             current.add_done_callback(lambda t: self._forget_dial(peer_id, t))
         try:
             async with asyncio.timeout_at(deadline):
@@ -481,7 +481,7 @@ class Host:
             await stream.aclose()
 
     async def _race(
-        self, targets: list[_Target], errors: list[Exception]
+        self, targets: list[_Target], errors: list[BaseException]
     ) -> tuple[MuxConnection, _Target] | None:
         """Open TLS to `targets` (happy eyeballs: the next starts after a short delay or a failure); the first
         to succeed wins. Each target tried is removed from `targets`, its error added to `errors`."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgpack
 
@@ -54,12 +55,12 @@ class TunnelResponseHead:
     """Microseconds the engine took to answer, when the request asked for timing."""
 
 
-def _pack_head(obj: dict) -> bytes:
+def _pack_head(obj: dict[str, Any]) -> bytes:
     head = msgpack.packb(obj, use_bin_type=True)
     return _LEN.pack(len(head)) + head
 
 
-async def _read_head(stream: Stream) -> dict:
+async def _read_head(stream: Stream) -> dict[Any, Any]:
     raw_len = await stream.readexactly(4)
     (length,) = _LEN.unpack(raw_len)
     if length > MAX_HEAD_BYTES:
@@ -105,7 +106,7 @@ async def read_request(stream: Stream, max_body: int) -> TunnelRequest:
 
 def encode_response_head(head: TunnelResponseHead) -> bytes:
     """The response head, to be followed by the body bytes."""
-    obj: dict = {"s": head.status}
+    obj: dict[str, Any] = {"s": head.status}
     if head.headers:
         obj["h"] = head.headers
     if head.error_code:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import calendar
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from opentela.errors import OpenTelaError
 from opentela.frontend.errors import BudgetExceededError, RateLimitExceededError
@@ -117,7 +118,7 @@ def check(limits: Limits, used: Consumption, now: float) -> Refusal | None:
 def refusal_error(refusal: Refusal, now: float) -> OpenTelaError:
     """The OpenAI-style error of a refusal: 429 for rates, 402 for budgets, with the reset time."""
     cls = BudgetExceededError if refusal.kind == "budget" else RateLimitExceededError
-    details: dict[str, object] = {"limit": refusal.limit}
+    details: dict[str, Any] = {"limit": refusal.limit}
     if refusal.resets_at is None:
         message = f"{refusal.message}; this budget never resets, ask an administrator to raise it"
     else:

@@ -11,9 +11,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import case, func, insert, or_, select, update
+from sqlalchemy import CursorResult, case, func, insert, or_, select, update
 
 from opentela.frontend.db import Database
 from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
@@ -197,19 +197,21 @@ class UsageLedger:
     async def reconcile(self, stale_after: float) -> int:
         """Mark pending rows left by a crash as interrupted: this replica's own, and any replica's stale ones."""
         now = time.time()
-        async with self.db.session() as s, s.begin():
-            result = await s.execute(
-                update(UsageRow)
-                .where(
-                    UsageRow.status == "pending",
-                    or_(UsageRow.instance == self.instance, UsageRow.started_at < now - stale_after),
-                )
-                .values(
-                    status="interrupted",
-                    finished_at=now,
-                    error="the frontend stopped before this request completed; tokens are what was known then",
-                )
+        statement = (
+            update(UsageRow)
+            .where(
+                UsageRow.status == "pending",
+                or_(UsageRow.instance == self.instance, UsageRow.started_at < now - stale_after),
             )
+            .values(
+                status="interrupted",
+                finished_at=now,
+                error="the frontend stopped before this request completed; tokens are what was known then",
+            )
+        )
+        async with self.db.session() as s, s.begin():
+            # An UPDATE yields a CursorResult (it has rowcount); execute() is annotated with the general Result.
+            result = cast(CursorResult[Any], await s.execute(statement))
         count = result.rowcount or 0
         if count:
             logger.warning("marked %d pending usage rows interrupted after a restart", count)

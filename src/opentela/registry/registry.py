@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 ChangeListener = Callable[[NodeRecord, bool], None]
 """Called with (record, is_local) after a record changed the replica."""
 
-EvictionListener = Callable[[NodeRecord, NodeRecord], None]
-"""Called with (our record before, the eviction) when another member evicted our session."""
+EvictionListener = Callable[[NodeRecord, NodeRecord], object]
+"""Called with (our record before, the eviction) when another member evicted our session; its result is unused."""
 
 
 class Registry:

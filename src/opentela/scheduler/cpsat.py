@@ -56,7 +56,7 @@ class CpSatPolicy:
                         rate = w.rate * k / K
                         latency = min(table(rate / dp), LATENCY_CAP_S)
                         key = (i, name, tp, dp, k)
-                        choice[key] = model.NewBoolVar(f"x_{i}_{name}_{tp}_{dp}_{k}")
+                        choice[key] = model.new_bool_var(f"x_{i}_{name}_{tp}_{dp}_{k}")
                         cost[key] = round(1000 * rate * latency)
         for i, w in enumerate(problem.workloads):
             if w.rate <= 0:
@@ -64,28 +64,28 @@ class CpSatPolicy:
             mine = [key for key in choice if key[0] == i]
             if not mine:
                 raise CapacityError(f"no device type in the cluster can host {w.model}")
-            model.Add(sum(key[4] * choice[key] for key in mine) == K)
+            model.add(sum(key[4] * choice[key] for key in mine) == K)
             for name in problem.cluster.devices:
-                model.AddAtMostOne(choice[key] for key in mine if key[1] == name)
+                model.add_at_most_one(choice[key] for key in mine if key[1] == name)
         for name, count in problem.cluster.devices.items():  # C1
-            model.Add(sum(key[2] * key[3] * var for key, var in choice.items() if key[1] == name) <= count)
-        model.Minimize(sum(cost[key] * var for key, var in choice.items()))
+            model.add(sum(key[2] * key[3] * var for key, var in choice.items() if key[1] == name) <= count)
+        model.minimize(sum(cost[key] * var for key, var in choice.items()))
 
         solver = cp_model.CpSolver()
         remaining = max(problem.time_limit_s - (time.perf_counter() - started), 1.0)
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_workers = max(1, min(os.cpu_count() or 1, 8))
-        status = solver.Solve(model, _Reporter(progress, remaining))
+        status = solver.solve(model, _Reporter(progress, remaining))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             raise CapacityError(
-                f"no placement fits: the cluster cannot host every model ({solver.StatusName(status)})"
+                f"no placement fits: the cluster cannot host every model ({solver.status_name(status)})"
             )
         groups = [
             Group(problem.workloads[i].model, name, tp, dp, k / K)
             for (i, name, tp, dp, k), var in choice.items()
-            if solver.Value(var)
+            if solver.value(var)
         ]
-        plan = Plan(self.name, groups, status=solver.StatusName(status))
+        plan = Plan(self.name, groups, status=solver.status_name(status))
         plan.predicted_e2e = problem.objective(plan)
         plan.solve_seconds = time.perf_counter() - started
         plan.extra = {"variables": len(choice), "simulator_evaluations": problem.builder.evaluations}

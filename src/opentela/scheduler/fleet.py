@@ -88,7 +88,7 @@ def idle_nodes(records: Iterable[Any], *, cpu_nodes: bool = True) -> list[IdleNo
     Ingress and controller nodes never count. A worker without GPUs counts as one CPU device when `cpu_nodes`
     (see `cpu_device`); GPUs whose name matches no catalog entry are left out.
     """
-    out = []
+    out: list[IdleNode] = []
     for record in records:
         if Lifecycle(record.lifecycle) not in (Lifecycle.JOIN, Lifecycle.SERVING) or record.models:
             continue

@@ -168,7 +168,8 @@ def host_cpu_device(
     Memory bandwidth cannot be read from the flags; pass a measured figure (a STREAM-like copy).
     """
     text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
-    flags = set(re.search(r"^flags\s*:\s*(.*)$", text, re.M).group(1).split()) if "flags" in text else set()
+    flag_line = re.search(r"^flags\s*:\s*(.*)$", text, re.M)
+    flags = set(flag_line.group(1).split()) if flag_line else set()
     model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
     mhz = [float(m) for m in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", text, re.M)]
     cores = threads or len(os.sched_getaffinity(0))
