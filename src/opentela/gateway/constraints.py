@@ -56,7 +56,7 @@ def _amount(value: Any, byte_units: bool = False) -> float | None:
         return None
     power = " KMGT".index(match.group(2).upper() or " ")
     binary = not byte_units or (match.group(3) or "").lower() == "ib"
-    return float(match.group(1)) * (1024 if binary else 1000) ** power
+    return float(match.group(1)) * float((1024 if binary else 1000) ** power)
 
 
 @dataclass(frozen=True, slots=True)

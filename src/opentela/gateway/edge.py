@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from opentela import openai_edge as edge
 from opentela.errors import (
@@ -39,7 +40,7 @@ def map_http_exception(exc: web.HTTPException) -> OpenTelaError:
 
 
 @web.middleware
-async def edge_middleware(request: web.Request, handler):
+async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Give every request an id that travels end to end (the client's X-Request-Id when sane), and render
     OpenTelaError and aiohttp HTTP errors as OpenAI JSON; log and hide anything unexpected."""
     request_id = edge.request_id(request.headers.get(edge.REQUEST_ID_HEADER))

@@ -42,7 +42,7 @@ class Reachability(enum.StrEnum):
 def _as_enum(kind: type[enum.StrEnum], name: str, value: object) -> enum.StrEnum:
     """`value` as a member of `kind`, or a ConfigError listing the allowed spellings."""
     try:
-        return kind(value)
+        return kind(str(value))
     except ValueError:
         allowed = ", ".join(f"`{m.value}`" for m in kind)
         raise ConfigError(f"[node] {name} must be one of {allowed}, not {value!r}") from None

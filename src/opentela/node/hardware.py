@@ -139,7 +139,7 @@ def _visible(gpus: list[dict[str, Any]], visible: str | None) -> list[dict[str, 
     """Keep the GPUs CUDA_VISIBLE_DEVICES lets the engine use (indices or UUIDs), in its order."""
     if visible is None or not gpus:
         return gpus
-    chosen = []
+    chosen: list[dict[str, Any]] = []
     for item in (v.strip() for v in visible.split(",")):
         if not item:
             continue

@@ -36,9 +36,9 @@ def advertised_addrs(listen_addrs: list[str], configured: tuple[str, ...]) -> tu
             ips = {"127.0.0.1"}
             with contextlib.suppress(OSError):
                 ips.update(
-                    info[4][0]
+                    str(info[4][0])
                     for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
-                    if not info[4][0].startswith("127.")
+                    if not str(info[4][0]).startswith("127.")
                 )
             # Routable addresses first: peers try them in order.
             out.extend(f"{ip}:{port}" for ip in sorted(ips, key=lambda ip: ip.startswith("127.")))
