@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentela._logging import LogConfig
 from opentela.errors import ConfigError
 from opentela.fabric._config import FabricConfig
 from opentela.frontend._config import FrontendConfig
@@ -22,13 +23,14 @@ from opentela.registry._config import RegistryConfig
 
 @dataclass(frozen=True)
 class OtelaConfig:
-    """Everything a node reads at start-up, one section per layer."""
+    """Everything a node reads at start-up: one section per layer, and how the process logs."""
 
     node: NodeConfig = field(default_factory=NodeConfig)
     fabric: FabricConfig = field(default_factory=FabricConfig)
     registry: RegistryConfig = field(default_factory=RegistryConfig)
     gateway: GatewayConfig = field(default_factory=GatewayConfig)
     frontend: FrontendConfig = field(default_factory=FrontendConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 def config_home(env: Mapping[str, str] | None = None) -> Path:

@@ -82,6 +82,23 @@ def test_script_carries_start_flags_engine_and_job_options(tmp_path: Path) -> No
     assert "trap renew" not in text and "--signal" not in text
 
 
+def test_switches_log_flags_and_the_config_path_are_passed_on(tmp_path: Path) -> None:
+    text = write(
+        tmp_path,
+        "--ingress",
+        "--frontend",
+        "--log-level",
+        "DEBUG",
+        "--log-format",
+        "json",
+        "--config",
+        "node.toml",
+    )
+    start = assignment(text, "START")
+    assert start[:4] == ["start", "--config", str(Path("node.toml").absolute()), "--ingress"]
+    assert start[4:] == ["--frontend", "--log-level", "DEBUG", "--log-format", "json"]
+
+
 def test_zero_gpus_and_renewal_and_requeue(tmp_path: Path) -> None:
     text = write(
         tmp_path, "--gpus", "0", "--renew", "--renew-before", "5", "--requeue", "--otela-cmd", "/opt/x/otela"

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -24,7 +23,10 @@ from typing import Any
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from opentela._logging import setup_logging
+from opentela._signals import on_stop_signals
 from opentela._types import Lifecycle
+from opentela.cli._process import run_async
 from opentela.config import OtelaConfig, config_home, load_config
 from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
 from opentela.fabric.identity import Identity
@@ -41,7 +43,7 @@ ANSWER_TIMEOUT_S = 30.0
 SYNC_TIMEOUT_S = 30.0
 
 
-def add_controller_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `otela controller`."""
     p.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL", help="an ingress of the mesh")
     p.add_argument("--catalog", metavar="FILE", help="models to serve: YAML catalog (see docs/scheduler.md)")
@@ -260,15 +262,14 @@ async def run_controller(args: argparse.Namespace) -> int:
         raise ConfigError("--catalog FILE is required (models, engine command templates, workloads)")
     catalog = load_fleet_catalog(args.catalog)
     config = _config(args)
+    setup_logging(config.log)
     stop = asyncio.Event()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
         bootstrap = tuple(args.bootstrap or ()) or tuple(await ingress_bootstraps(http, args.ingress))
         node = dataclasses.replace(config.node, bootstrap=bootstrap)
         agent = NodeAgent(identity, node, config.fabric, config.registry)
         controller_node = FleetControllerNode(agent, catalog, args.interval, args.dry_run)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        restore_signals = on_stop_signals(stop.set)
         try:
             await agent.start()
             controller_node.watch_registry()
@@ -286,7 +287,11 @@ async def run_controller(args: argparse.Namespace) -> int:
             sys.stderr.flush()
             await controller_node.run(http, args.ingress, once=args.once, stop=stop)
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+            restore_signals()
             await agent.aclose()
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """`otela controller`: run the fleet controller until SIGINT/SIGTERM (or one round with --once)."""
+    return run_async(run_controller(args))

@@ -6,13 +6,15 @@ import argparse
 import asyncio
 import contextlib
 import os
-import signal
 import tempfile
 from pathlib import Path
 
 import aiohttp
 from rich.console import Console
 
+from opentela._logging import LogConfig, setup_logging
+from opentela._signals import on_stop_signals
+from opentela.cli._process import run_async
 from opentela.cli.localmesh import LocalMesh, embedded_engine_argv, free_port, port_is_free
 from opentela.engines.embedded import MODEL_ID
 from opentela.errors import ConfigError
@@ -22,6 +24,34 @@ from opentela.frontend.db import sqlite_url
 from opentela.frontend.keys import KeySettings
 
 console = Console(stderr=True)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `otela demo`."""
+    parser.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
+    parser.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
+    parser.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
+    parser.add_argument(
+        "--frontend-http",
+        metavar="HOST:PORT",
+        help="API frontend and dashboard address (default 127.0.0.1:8093)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="engine threads per worker (default: cores/workers)"
+    )
+    parser.add_argument("--prompt", default="What is the capital of France? Answer in one sentence.")
+    parser.add_argument(
+        "--dir", metavar="DIR", help="where the demo keeps keys and logs (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=180.0, help="seconds to wait for the mesh to come up"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; only warnings are logged, the console shows progress."""
+    setup_logging(LogConfig(level="WARNING"))
+    return run_async(run_demo(args))
 
 
 async def _ask(
@@ -116,9 +146,7 @@ async def run_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="otela-demo-"))
     threads = args.threads or max(1, (os.cpu_count() or 2) // max(1, args.workers))
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    restore_signals = on_stop_signals(stop.set)
     mesh = LocalMesh(workdir, http_port=http_port)
     frontend: Frontend | None = None
     console.print(
@@ -163,8 +191,7 @@ async def run_demo(args: argparse.Namespace) -> int:
                 await asyncio.wait_for(stop.wait(), 0.5)
         return 0
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        restore_signals()
         console.print("stopping the demo mesh...")
         if frontend is not None:
             await frontend.aclose()

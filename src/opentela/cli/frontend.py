@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import dataclasses
 import logging
-import signal
 import socket
 import sys
 from typing import TYPE_CHECKING
 
-from opentela.config import OtelaConfig, data_home
+from opentela._logging import setup_logging
+from opentela._signals import on_stop_signals
+from opentela.cli._process import add_log_arguments, log_flags, run_async
+from opentela.config import OtelaConfig, data_home, load_config
 from opentela.fabric.addresses import parse_addr
 from opentela.frontend.db import sqlite_url
 
@@ -18,6 +21,28 @@ if TYPE_CHECKING:
     from opentela.frontend import Frontend
 
 logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `otela frontend`."""
+    parser.add_argument("--ingress", metavar="URL", help="ingress base URL (default http://127.0.0.1:8092)")
+    parser.add_argument("--db", metavar="URL", help="database URL (default: SQLite in the data directory)")
+    parser.add_argument("--http", metavar="HOST:PORT", help="listen address (default 127.0.0.1:8093)")
+    parser.add_argument(
+        "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
+    )
+    parser.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
+    add_log_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """`otela frontend`: serve the frontend in front of an ingress until SIGINT/SIGTERM."""
+    flags = {"ingress": args.ingress, "db": args.db, "http": args.http, "admin_token": args.admin_token}
+    config = load_config(
+        args.config, flags={"frontend": {k: v for k, v in flags.items() if v}, "log": log_flags(args)}
+    )
+    setup_logging(config.log)
+    return run_async(run_frontend(config))
 
 
 def frontend_db_url(config: OtelaConfig) -> str:
@@ -70,17 +95,16 @@ def print_frontend(frontend: Frontend, config: OtelaConfig) -> None:
 async def run_frontend(config: OtelaConfig) -> int:
     """Serve the frontend until SIGINT/SIGTERM."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    frontend = await start_frontend(config)
+    restore_signals = on_stop_signals(stop.set)
+    frontend: Frontend | None = None
     try:
+        frontend = await start_frontend(config)
         print_frontend(frontend, config)
         print(f"ingress   {frontend.state.ingress.base_url}", file=sys.stderr)
         sys.stderr.flush()
         await stop.wait()
         return 0
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-        await frontend.aclose()
+        restore_signals()
+        if frontend is not None:
+            await frontend.aclose()

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from opentela.cli._process import run_async
 from opentela.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -20,8 +21,8 @@ def _csv(value: str | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def add_keys_arguments(keys: argparse.ArgumentParser) -> None:
-    """Sub-commands of `otela keys`."""
+def add_arguments(keys: argparse.ArgumentParser) -> None:
+    """Flags and actions of `otela keys`."""
     keys.add_argument("--db", metavar="URL", help="database URL (default: the frontend's, see [frontend] db)")
     keys.add_argument(
         "--frontend",
@@ -168,6 +169,15 @@ def _print_keys(keys: list[dict[str, Any]]) -> None:
         )
 
 
+def run(args: argparse.Namespace) -> int:
+    """Run one `otela keys` action against the configured database (or, with --frontend, its admin API)."""
+    from opentela.cli.frontend import frontend_db_url
+    from opentela.config import load_config
+
+    config = load_config(args.config, flags={"frontend": {"db": args.db} if args.db else {}})
+    return run_async(run_keys(args, frontend_db_url(config)))
+
+
 async def run_keys(args: argparse.Namespace, db_url: str) -> int:
     """Run one `otela keys` action, on the database or (with --frontend) through the admin API."""
     if args.frontend:
@@ -181,7 +191,7 @@ async def run_keys(args: argparse.Namespace, db_url: str) -> int:
         headers = {"Authorization": f"Bearer {token}"}
         async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=60)) as http:
             return await _act(args, _FrontendKeys(http, args.frontend))
-    # Imported here: `otela start` builds this parser too and should not pay for SQLAlchemy.
+    # Imported here: with --frontend the database (SQLAlchemy) is never touched.
     from opentela.frontend.db import Database
 
     db = await Database.open(db_url)

@@ -54,10 +54,9 @@ def parse_expiry(text: str, now: float | None = None) -> int:
     return expires
 
 
-def add_network_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """The `network` command and its actions."""
-    net = sub.add_parser("network", help="closed networks: network key and join tokens")
-    actions = net.add_subparsers(dest="network_cmd", required=True, metavar="ACTION")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The actions of `otela network`."""
+    actions = parser.add_subparsers(dest="network_cmd", required=True, metavar="ACTION")
     init = actions.add_parser("init", help="create a network key (prints the network id)")
     init.add_argument("--out", metavar="FILE", help=f"key file to create (default {default_key_path()})")
     issue = actions.add_parser("issue", help="issue a join token for a provider (prints the token)")
@@ -70,7 +69,7 @@ def add_network_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore
     show.add_argument("token", metavar="TOKEN", help="the token, or - to read it from standard input")
 
 
-def run_network(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run one `otela network` action; ConfigError for bad input."""
     if args.network_cmd == "init":
         path = Path(args.out) if args.out else default_key_path()

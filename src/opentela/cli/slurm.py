@@ -192,19 +192,17 @@ def render_script(job: SlurmJob) -> str:
     return "\n".join(lines)
 
 
-def start_argv(args: argparse.Namespace, start_flags: argparse.ArgumentParser) -> list[str]:
-    """The `otela start` flags given in `args` (those `start_flags` defines), as a command line again."""
+def start_argv(args: argparse.Namespace, start_flags: Sequence[argparse.Action]) -> list[str]:
+    """The `otela start` flags (the options `start_flags`) given in `args`, as a command line again."""
     out: list[str] = []
-    for action in start_flags._actions:
-        if not action.option_strings or action.dest in ("help", "command"):
-            continue
+    for action in start_flags:
         value = getattr(args, action.dest, None)
         if value is None or value is False or value == action.default:
             continue
         flag = action.option_strings[-1]
         if action.dest == "config":
             value = os.path.abspath(value)  # the job may start elsewhere
-        if isinstance(action, argparse._StoreTrueAction):
+        if action.nargs == 0:  # a switch such as --ingress: it takes no value
             out.append(flag)
         elif isinstance(value, list):
             for item in value:
@@ -215,7 +213,15 @@ def start_argv(args: argparse.Namespace, start_flags: argparse.ArgumentParser) -
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The Slurm-specific flags of `otela slurm` (the `otela start` flags are added beside them)."""
+    """The flags of `otela slurm`: every `otela start` flag, and the Slurm job's own."""
+    from opentela.cli import start
+
+    # The start flags go into the namespace too, so that `run` knows which of the given flags to pass on.
+    p.set_defaults(start_flags=tuple(start.add_arguments(p)))
+    p.description = (
+        "Write a batch script running `otela start [flags] -- ENGINE` in a Slurm job; "
+        "every `otela start` flag given here is passed on."
+    )
     g = p.add_argument_group("Slurm job")
     g.add_argument(
         "--gpus", type=int, default=1, help="GPUs for the engine (--gres=gpu:N; 0: none; default 1)"
@@ -252,7 +258,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--submit", action="store_true", help="submit the script with sbatch; print the job id")
 
 
-def job_from_args(args: argparse.Namespace, start_flags: argparse.ArgumentParser) -> SlurmJob:
+def job_from_args(args: argparse.Namespace) -> SlurmJob:
     """The job the flags describe."""
     if args.renew and not args.renew_before * 60 >= 1:
         raise ConfigError(f"--renew-before {args.renew_before:g}: give a positive number of minutes")
@@ -263,7 +269,7 @@ def job_from_args(args: argparse.Namespace, start_flags: argparse.ArgumentParser
     return SlurmJob(
         script_path=script,
         otela_cmd=tuple(shlex.split(args.otela_cmd) if args.otela_cmd else current_otela()),
-        start_args=tuple(start_argv(args, start_flags)),
+        start_args=tuple(start_argv(args, args.start_flags)),
         engine_command=tuple(command),
         job_name=args.job_name,
         time_limit=args.time,
@@ -293,9 +299,9 @@ def submit(script: Path, sbatch: str = "sbatch") -> str:
     return result.stdout.strip().split(";")[0]
 
 
-def run_slurm(args: argparse.Namespace, start_flags: argparse.ArgumentParser) -> int:
+def run(args: argparse.Namespace) -> int:
     """`otela slurm`: write the script; print it, or submit it and print the job id."""
-    job = job_from_args(args, start_flags)
+    job = job_from_args(args)
     text = render_script(job)
     try:
         job.script_path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import dataclasses
 import logging
-import signal
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
-from opentela.config import OtelaConfig, config_home, state_home
+from opentela._logging import setup_logging
+from opentela._signals import on_stop_signals
+from opentela.cli._process import add_log_arguments, log_flags, run_async
+from opentela.config import OtelaConfig, config_home, load_config, state_home
 from opentela.engines._registry import engine_from_command, engine_from_name
 from opentela.engines.base import EngineSpec
 from opentela.errors import ConfigError
@@ -21,6 +24,140 @@ from opentela.node.agent import NodeAgent
 from opentela.node.logsink import RecentLogs
 
 logger = logging.getLogger(__name__)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
+    """Add the flags of `otela start`; returns the options among them (what `otela slurm` passes on)."""
+    p.description = "Start a node."
+    options: list[argparse.Action] = []
+
+    def option(*names: str, **kwargs: Any) -> None:
+        options.append(p.add_argument(*names, **kwargs))
+
+    option("--config", metavar="FILE", help="TOML or YAML configuration file")
+    option("--bootstrap", action="append", metavar="ADDR", help="bootstrap peer (repeatable)")
+    option("--provider-id", metavar="ID", help="provider this node belongs to")
+    option("--listen", metavar="HOST:PORT", help="fabric listen address (default 0.0.0.0:0)")
+    option("--advertise", action="append", metavar="HOST:PORT", help="address peers should dial")
+    option(
+        "--reachability",
+        choices=["public", "private", "auto"],
+        help="private: outbound connections only, reached through relay slots on the bootstrap peers; "
+        "auto (default): a bootstrap peer dials us back, and we go private if it cannot",
+    )
+    option("--key-file", metavar="PATH", help="Ed25519 identity key file")
+    option("--join-token", metavar="TOKEN", help="join token of a closed network (see otela network)")
+    option("--join-token-file", metavar="FILE", help="file holding the join token")
+    option("--network-id", metavar="ID", help="closed network this node must belong to (otn_...)")
+    option("--ingress", action="store_true", help="also serve the OpenAI API (same as --role ingress)")
+    option("--role", choices=["worker", "ingress"], help="node role")
+    option(
+        "--controllers",
+        action="append",
+        metavar="PEERID",
+        help="peer id of a fleet controller allowed to assign a model to this idle node (repeatable)",
+    )
+    option(
+        "--accept-assignments",
+        choices=["listed", "any"],
+        help="any: every peer may assign work here (local demos only); default listed: only --controllers",
+    )
+    option(
+        "--http", metavar="HOST:PORT", help="HTTP API listen address of an ingress (default 127.0.0.1:8092)"
+    )
+    option("--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated")
+    option("--engine-port", type=int, metavar="PORT", help="port of the engine's OpenAI server")
+    option("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
+    option("--log-dir", metavar="DIR", help="directory for engine logs")
+    option(
+        "--frontend",
+        action="store_true",
+        help="on an ingress, also run the API frontend (keys, usage, dashboard)",
+    )
+    option("--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)")
+    option("--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)")
+    option("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
+    option("--log-sink", metavar="PATH|URL", help="where a fail-stop ships its log tail")
+    option("--health-interval", type=float, metavar="S", help="seconds between engine health checks")
+    option("--health-failures", type=int, metavar="N", help="failed checks in a row that fail-stop")
+    option("--unhealthy-limit", type=float, metavar="S", help="seconds unhealthy before fail-stop")
+    option("--fatal-log-pattern", action="append", metavar="REGEX", help="engine log line that fail-stops")
+    option(
+        "--policy",
+        metavar="NAME",
+        help="ingress routing policy: random, round_robin, weighted, least_loaded, ...",
+    )
+    options += add_log_arguments(p)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- engine command serving the OpenAI API")
+    return options
+
+
+def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings given as `otela start` flags, by configuration section (for `load_config(flags=...)`)."""
+    node: dict[str, Any] = {}
+    gateway: dict[str, Any] = {}
+    for name in (
+        "provider_id",
+        "listen",
+        "key_file",
+        "engine",
+        "engine_port",
+        "log_dir",
+        "max_body_bytes",
+        "reachability",
+        "log_sink",
+        "health_interval",
+        "health_failures",
+        "unhealthy_limit",
+        "accept_assignments",
+    ):
+        value = getattr(args, name)
+        if value is not None:
+            node[name] = value
+    if args.bootstrap:
+        node["bootstrap"] = tuple(args.bootstrap)
+    if args.advertise:
+        node["advertise"] = tuple(args.advertise)
+    if args.controllers:
+        node["controllers"] = tuple(args.controllers)
+    if args.fatal_log_pattern:
+        node["fatal_log_patterns"] = tuple(args.fatal_log_pattern)
+    if args.ingress or args.role:
+        node["role"] = "ingress" if args.ingress else args.role
+    fabric = {k: v for k in ("join_token", "join_token_file", "network_id") if (v := getattr(args, k))}
+    if args.http:
+        gateway["http"] = args.http
+    if args.max_body_bytes is not None:
+        gateway["max_body_bytes"] = args.max_body_bytes
+    if args.policy:
+        gateway["policy"] = args.policy
+    frontend: dict[str, Any] = {}
+    if args.frontend:
+        frontend["enabled"] = True
+    if args.frontend_http:
+        frontend["http"] = args.frontend_http
+    if args.db:
+        frontend["db"] = args.db
+    return {"node": node, "gateway": gateway, "fabric": fabric, "frontend": frontend, "log": log_flags(args)}
+
+
+def engine_command(args: argparse.Namespace) -> list[str]:
+    """The engine command after `--`, or the one given with --process (not both)."""
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if args.process:
+        if command:
+            raise ConfigError("give the engine command either after -- or with --process, not both")
+        command = shlex.split(args.process)
+    return command
+
+
+def run(args: argparse.Namespace) -> int:
+    """`otela start`: load the configuration (files, OTELA_* variables, flags) and run the node."""
+    config = load_config(args.config, flags=config_flags(args))
+    setup_logging(config.log)
+    return run_async(run_node(config, engine_command(args)))
 
 
 def resolve_engine(config: OtelaConfig, command: list[str]) -> EngineSpec | None:
@@ -56,9 +193,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         identity, node, fabric, config.registry, engine=engine, log_dir=log_dir, node_log=node_log
     )
     root.addHandler(node_log)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, agent.request_stop, 0)
+    restore_signals = on_stop_signals(agent.request_stop, 0)
     gateway: Gateway | None = None
     frontend: Any = None
     try:
@@ -99,6 +234,5 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
                 await gateway.aclose()
             await agent.aclose()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
+            restore_signals()
             root.removeHandler(node_log)

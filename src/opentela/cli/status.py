@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
@@ -10,7 +11,14 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from opentela.cli._process import run_async
 from opentela.errors import PeerUnreachableError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `otela status`."""
+    parser.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
+    parser.add_argument("--json", action="store_true", help="print the raw table as JSON")
 
 
 def hardware_text(hw: dict[str, Any]) -> str:
@@ -74,3 +82,8 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
     # A pipe or a log file has no width; do not squeeze the table into 80 columns there.
     Console(width=None if sys.stdout.isatty() else 160).print(out)
     return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the mesh the ingress sees."""
+    return run_async(print_status(args.ingress, as_json=args.json))

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
 from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
 from opentela.errors import ConfigError, EngineUnavailableError
@@ -76,7 +76,7 @@ def run_embedded(
     params.embedding = embeddings
 
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    restore_signals = on_stop_signals(stop.set)
     try:
         try:
             # Returns once the HTTP server listens; llama.cpp's own threads serve from here on.
@@ -92,8 +92,7 @@ def run_embedded(
             pass
         del server  # the destructor stops the main loop and joins llama.cpp's threads
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        restore_signals()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

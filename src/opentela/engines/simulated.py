@@ -15,7 +15,6 @@ import json
 import math
 import os
 import random
-import signal
 import struct
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
 from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
 from opentela.engines.simulated_config import (
@@ -487,16 +487,13 @@ def _hard_exit(request: web.BaseRequest) -> None:
 async def serve_simulated(config: SimulatedConfig) -> None:
     """Serve until SIGINT or SIGTERM; a simulated crash ends the process at once."""
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    restore_signals = on_stop_signals(stop.set)
     try:
         async with SimulatedServer(config, crash=_hard_exit) as server:
             print(f"listening on {server.base_url} (SIMULATED engine, model {config.model})", flush=True)
             await stop.wait()
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+        restore_signals()
 
 
 def run_simulated(config: SimulatedConfig) -> None:

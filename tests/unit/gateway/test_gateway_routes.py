@@ -111,11 +111,12 @@ async def test_operator_policy_by_import_path_routes_and_hears_every_attempt() -
 
 
 def test_start_flag_selects_the_ingress_policy() -> None:
-    from opentela.cli.main import _start_flags, build_parser
+    from opentela.cli.main import build_parser
+    from opentela.cli.start import config_flags
     from opentela.config import load_config
 
     args = build_parser().parse_args(["start", "--ingress", "--policy", "least_loaded"])
-    config = load_config(None, env={}, flags=_start_flags(args))
+    config = load_config(None, env={}, flags=config_flags(args))
     assert config.gateway.policy == "least_loaded"
     env = {"OTELA_GATEWAY_REQUEST_POLICIES": "weighted,round_robin", "OTELA_GATEWAY_TRUSTED_PROVIDERS": "a"}
     config = load_config(None, env=env)
