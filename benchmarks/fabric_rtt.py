@@ -143,15 +143,8 @@ class _PlainMux(MuxConnection):
     def data_received(self, data: bytes) -> None:
         self._plain_received(data)
 
-    def _flush(self) -> None:
-        self._flush_handle = None
-        while self._syn_queue:
-            stream = self._syn_queue.popleft()
-            if stream._syn_pending is not None:
-                self._syn_frame(stream, b"", 0)
-        if self._out and self._transport is not None:
-            out, self._out = self._out, []
-            self._gen += 1
+    def _write(self, out: list[Any]) -> None:
+        if self._transport is not None:
             self._transport.write(b"".join(out))
 
 

@@ -136,14 +136,6 @@ class UnmetConstraintError(CapacityError):
     retryable = False
 
 
-class OverloadedError(CapacityError):
-    """The node is over its concurrency limit."""
-
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "overloaded"
-
-
 # --- engine -----------------------------------------------------------------------------------------------
 class EngineError(OpenTelaError):
     """The serving engine failed."""
@@ -204,14 +196,6 @@ class AuthenticationError(ClientError):
     code = "invalid_api_key"
 
 
-class RateLimitedError(ClientError):
-    """A rate limit was hit."""
-
-    status_code = 429
-    error_type = "rate_limit_error"
-    code = "rate_limited"
-
-
 class NotFoundError(ClientError):
     """No such route."""
 
@@ -230,6 +214,12 @@ class ConfigError(OpenTelaError):
     """The configuration is invalid."""
 
     code = "config_error"
+
+
+class PluginError(ConfigError):
+    """A plugin name is unknown or taken twice, or its import path does not load."""
+
+    code = "plugin_error"
 
 
 ERROR_CODES: dict[str, type[OpenTelaError]] = {}

@@ -96,3 +96,16 @@ def test_mutated_frames_decode_or_raise_protocol_error(batch: list[fr.Frame], da
             assert fr.encode_frame(frame)
     except ProtocolError:
         pass
+
+
+@given(stream_ids, payloads, st.one_of(st.just(""), protocols), st.booleans())
+def test_a_mutable_data_frame_decodes_like_encode_data(
+    stream_id: int, data: bytes, protocol: str, fin_later: bool
+) -> None:
+    flags = fr.SYN if protocol else 0
+    frame = fr.data_frame(stream_id, data, flags, fr.syn_prefix(protocol) if protocol else b"")
+    if fin_later:
+        fr.set_fin(frame)  # what a sender does when write_eof finds the frame still unsent
+    expected = fr.Frame(fr.DATA, flags | (fr.FIN if fin_later else 0), stream_id, data, protocol)
+    assert bytes(frame) == fr.encode_frame(expected)
+    assert fr.FrameDecoder().feed(bytes(frame)) == [expected]

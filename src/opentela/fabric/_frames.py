@@ -91,8 +91,27 @@ class Frame(NamedTuple):
 
 
 def encode_header(ftype: int, flags: int, stream_id: int, length: int) -> bytes:
-    """The 12-byte header of a frame."""
+    """The 12-byte header of a frame (a sender writes a large payload after it without copying it)."""
     return HEADER.pack(VERSION, ftype, flags, stream_id, length)
+
+
+def data_frame(stream_id: int, data: bytes | memoryview, flags: int = 0, prefix: bytes = b"") -> bytearray:
+    """A DATA frame (`prefix` is a SYN's `syn_prefix`) in a mutable buffer, so FIN can still be added."""
+    frame = bytearray(HEADER.pack(VERSION, DATA, flags, stream_id, len(prefix) + len(data)))
+    if prefix:
+        frame += prefix
+    frame += data
+    return frame
+
+
+_FLAGS_LOW_BYTE = (
+    3  # version u8, type u8, then the big-endian u16 flags: SYN, ACK, FIN and RST sit in its low byte
+)
+
+
+def set_fin(frame: bytearray) -> None:
+    """Add FIN to a frame built by `data_frame` that has not been sent yet (saves an empty FIN frame)."""
+    frame[_FLAGS_LOW_BYTE] |= FIN
 
 
 @functools.lru_cache(maxsize=256)

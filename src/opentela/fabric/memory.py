@@ -16,22 +16,24 @@ class _MemoryLink:
     def __init__(self) -> None:
         self.peer: MuxStream | None = None
 
-    def _send_data(self, stream: MuxStream, data: bytes | memoryview, fin: bool) -> None:
+    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
+        """Hand the bytes to the other end (credit is respected by the sender, so this cannot overflow)."""
         peer = self.peer
-        if peer is not None and not peer._released:
-            # Credit is respected by the sender, so this cannot overflow the window.
-            peer._on_data(bytes(data), fin)
+        if peer is not None and not peer.closed:
+            peer.feed_data(bytes(data), fin)
 
-    def _send_window_update(self, stream: MuxStream, delta: int) -> None:
-        if self.peer is not None and not self.peer._released:
-            self.peer._on_window_update(delta)
+    def send_window_update(self, stream_id: int, delta: int) -> None:
+        """Hand the credit to the other end."""
+        if self.peer is not None and not self.peer.closed:
+            self.peer.feed_window_update(delta)
 
-    def _send_reset(self, stream: MuxStream, code: int, message: str) -> None:
-        if self.peer is not None and not self.peer._released:
-            self.peer._on_reset(code, message)
+    def send_reset(self, stream_id: int, code: int, message: str) -> None:
+        """Reset the other end."""
+        if self.peer is not None and not self.peer.closed:
+            self.peer.feed_reset(code, message)
 
-    def _release(self, stream: MuxStream) -> None:
-        pass
+    def release_stream(self, stream_id: int) -> None:
+        """Nothing to forget: the link carries one stream."""
 
     def flush(self) -> None:
         pass
@@ -52,7 +54,6 @@ def memory_stream_pair(
     end_a = MuxStream(link_a, 1, protocol, peer_b, window)
     end_b = MuxStream(link_b, 1, protocol, peer_a, window)
     link_a.peer, link_b.peer = end_b, end_a
-    if window > INITIAL_WINDOW:
-        end_a._grant(window - INITIAL_WINDOW)
-        end_b._grant(window - INITIAL_WINDOW)
+    end_a.open_window()
+    end_b.open_window()
     return end_a, end_b

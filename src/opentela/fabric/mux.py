@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -75,9 +74,12 @@ class MuxConnection(asyncio.Protocol):
         self._next_id = 1 if initiator else 2
         self._last_remote_id = 0
         self._inbound = 0
-        self._syn_queue: deque[MuxStream] = deque()
+        # Outbound streams whose SYN has not left yet, in id order (the peer must see ids in order): the SYN
+        # goes out with the stream's first frame, or alone at the next flush.
+        self._syn_pending: dict[int, bytes] = {}
         self._out: list[Any] = []
-        self._gen = 0
+        # The last DATA frame of each stream still in `_out`: write_eof sets FIN on it instead of adding a frame.
+        self._tails: dict[int, bytearray] = {}
         self._flush_handle: asyncio.Handle | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._hs_buf = bytearray()
@@ -267,12 +269,10 @@ class MuxConnection(asyncio.Protocol):
             self.go_away(fr.ErrorCode.NO_ERROR, "stream ids exhausted")
             raise ConnectionClosedError(f"{self!r} ran out of stream ids")
         self._next_id += 2
+        self._syn_pending[stream_id] = prefix
         stream = MuxStream(self, stream_id, protocol, self.remote_peer, self.config.stream_window)
-        stream._syn_pending = prefix
         self._streams[stream_id] = stream
-        self._syn_queue.append(stream)
-        if self.config.stream_window > fr.INITIAL_WINDOW:
-            stream._grant(self.config.stream_window - fr.INITIAL_WINDOW)
+        stream.open_window()
         self._schedule_flush()
         return stream
 
@@ -293,15 +293,23 @@ class MuxConnection(asyncio.Protocol):
 
     def _flush(self) -> None:
         self._flush_handle = None
-        while self._syn_queue:
-            stream = self._syn_queue.popleft()
-            if stream._syn_pending is not None:
-                self._syn_frame(stream, b"", 0)
+        out = self._take_output()
+        if out:
+            self._write(out)
+
+    def _take_output(self) -> list[Any]:
+        """The frames queued so far, with the SYNs still pending; the queue starts over empty."""
+        if self._syn_pending:
+            for stream_id, prefix in self._syn_pending.items():
+                self._syn_frame(stream_id, prefix, b"", 0)
+            self._syn_pending.clear()
         out = self._out
-        if not out:
-            return
-        self._out = []
-        self._gen += 1
+        if out:
+            self._out = []
+            self._tails.clear()
+        return out
+
+    def _write(self, out: list[Any]) -> None:
         transport = self._transport
         if transport is None or transport.is_closing():
             return
@@ -315,69 +323,64 @@ class MuxConnection(asyncio.Protocol):
                 tls.encrypt(chunk)
         transport.write(tls.outgoing())
 
-    def _emit_syn(self, stream: MuxStream, data: bytes | memoryview = b"", flags: int = 0) -> None:
-        """Emit the SYN of `stream`, after those of streams opened before it (ids must arrive in order)."""
-        queue = self._syn_queue
-        while queue:
-            earlier = queue.popleft()
-            if earlier is stream:
-                break
-            if earlier._syn_pending is not None:
-                self._syn_frame(earlier, b"", 0)
-        self._syn_frame(stream, data, flags)
+    def _emit_syn(self, stream_id: int, data: bytes | memoryview = b"", flags: int = 0) -> None:
+        """Emit the SYN of a pending stream, after those of streams opened before it (ids arrive in order)."""
+        pending = self._syn_pending
+        while pending:
+            earlier = next(iter(pending))
+            prefix = pending.pop(earlier)
+            if earlier == stream_id:
+                self._syn_frame(stream_id, prefix, data, flags)
+                return
+            self._syn_frame(earlier, prefix, b"", 0)
 
-    def _syn_frame(self, stream: MuxStream, data: bytes | memoryview, flags: int) -> None:
-        prefix = stream._syn_pending
-        assert prefix is not None
-        stream._syn_pending = None
-        frame = bytearray(
-            fr.HEADER.pack(fr.VERSION, fr.DATA, flags | fr.SYN, stream._id, len(prefix) + len(data))
-        )
-        frame += prefix
-        frame += data
+    def _syn_frame(self, stream_id: int, prefix: bytes, data: bytes | memoryview, flags: int) -> None:
+        frame = fr.data_frame(stream_id, data, flags | fr.SYN, prefix)
         self._out.append(frame)
-        stream._tail, stream._tail_gen = frame, self._gen
+        self._tails[stream_id] = frame
 
-    def _send_data(self, stream: MuxStream, data: bytes | memoryview, fin: bool) -> None:
+    # --- the StreamLink side: called by MuxStream only -------------------------------------------------------
+    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
+        """Queue a DATA frame for a stream (MuxStream only: it has checked the credit)."""
         if self.error is not None:
             return
         flags = fr.FIN if fin else 0
-        if stream._syn_pending is not None:
-            self._emit_syn(stream, data, flags)
-        elif not data and fin and stream._tail is not None and stream._tail_gen == self._gen:
-            stream._tail[3] |= fr.FIN  # the flags' low byte of a DATA frame still in the output buffer
-            stream._tail = None
+        if self._syn_pending and stream_id in self._syn_pending:
+            self._emit_syn(stream_id, data, flags)
+        elif not data and fin and (tail := self._tails.pop(stream_id, None)) is not None:
+            fr.set_fin(tail)
             return
         elif len(data) <= _SMALL:
-            frame = bytearray(fr.HEADER.pack(fr.VERSION, fr.DATA, flags, stream._id, len(data)))
-            frame += data
+            frame = fr.data_frame(stream_id, data, flags)
             self._out.append(frame)
-            stream._tail, stream._tail_gen = frame, self._gen
+            self._tails[stream_id] = frame
         else:
-            self._out.append(fr.HEADER.pack(fr.VERSION, fr.DATA, flags, stream._id, len(data)))
-            self._out.append(data)
-            stream._tail = None
+            self._out.append(fr.encode_header(fr.DATA, flags, stream_id, len(data)))
+            self._out.append(data)  # large: written after its header as is, not copied into one buffer
+            self._tails.pop(stream_id, None)
         self._schedule_flush()
 
-    def _send_window_update(self, stream: MuxStream, delta: int) -> None:
+    def send_window_update(self, stream_id: int, delta: int) -> None:
+        """Queue a WINDOW_UPDATE granting the peer more credit on a stream (MuxStream only)."""
         if self.error is not None:
             return
-        if stream._syn_pending is not None:
-            self._emit_syn(stream)
-        self._out.append(fr.encode_window_update(stream._id, delta))
+        if self._syn_pending and stream_id in self._syn_pending:
+            self._emit_syn(stream_id)
+        self._out.append(fr.encode_window_update(stream_id, delta))
         self._schedule_flush()
 
-    def _send_reset(self, stream: MuxStream, code: int, message: str) -> None:
+    def send_reset(self, stream_id: int, code: int, message: str) -> None:
+        """Queue a RST aborting a stream (MuxStream only)."""
         if self.error is not None:
             return
-        if stream._syn_pending is not None:
-            stream._syn_pending = None  # the peer never heard of it: nothing to reset
-            return
-        self._out.append(fr.encode_rst(stream._id, code, _reason(message)))
+        if self._syn_pending.pop(stream_id, None) is not None:
+            return  # the peer never heard of it: nothing to reset
+        self._out.append(fr.encode_rst(stream_id, code, _reason(message)))
         self._schedule_flush()
 
-    def _release(self, stream: MuxStream) -> None:
-        if self._streams.pop(stream._id, None) is not None and (stream._id & 1) != self.initiator:
+    def release_stream(self, stream_id: int) -> None:
+        """Forget a stream finished in both directions (MuxStream only)."""
+        if self._streams.pop(stream_id, None) is not None and (stream_id & 1) != self.initiator:
             self._inbound -= 1
         if not self._streams and self._goaway_sent and self._goaway_received:
             self.close()
@@ -394,23 +397,15 @@ class MuxConnection(asyncio.Protocol):
             if stream is None:
                 self._check_stale(frame.stream_id)
             elif flags & fr.RST:
-                stream._on_reset(frame.code, frame.message)
-            elif stream._remote_eof:
-                raise ProtocolError(f"data after FIN on stream {frame.stream_id}")
-            elif not stream._on_data(frame.data, bool(flags & fr.FIN)):
-                raise ProtocolError(
-                    f"stream {frame.stream_id} exceeded its flow-control window",
-                    wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR,
-                )
+                stream.feed_reset(frame.code, frame.message)
+            else:
+                stream.feed_data(frame.data, bool(flags & fr.FIN))  # ProtocolError after FIN or over credit
         elif ftype == fr.WINDOW_UPDATE:
             stream = self._streams.get(frame.stream_id)
             if stream is None:
                 self._check_stale(frame.stream_id)
-            elif not stream._on_window_update(frame.value):
-                raise ProtocolError(
-                    f"window of stream {frame.stream_id} overflowed",
-                    wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR,
-                )
+            else:
+                stream.feed_window_update(frame.value)
         elif ftype == fr.PING:
             # A peer that pings but does not read our output gets no answers queued up without bound.
             if not frame.flags & fr.ACK and not self.write_paused:
@@ -442,14 +437,10 @@ class MuxConnection(asyncio.Protocol):
             self._schedule_flush()
             return
         stream = MuxStream(self, stream_id, frame.protocol, self.remote_peer, self.config.stream_window)
-        if not stream._on_data(frame.data, bool(frame.flags & fr.FIN)):
-            raise ProtocolError(
-                "SYN frame over the initial window", wire_code=fr.ErrorCode.FLOW_CONTROL_ERROR
-            )
+        stream.feed_data(frame.data, bool(frame.flags & fr.FIN))  # ProtocolError if over the initial window
         self._streams[stream_id] = stream
         self._inbound += 1
-        if self.config.stream_window > fr.INITIAL_WINDOW:
-            stream._grant(self.config.stream_window - fr.INITIAL_WINDOW)
+        stream.open_window()
         if self.on_stream is None:
             stream.reset(fr.ErrorCode.UNKNOWN_PROTOCOL, "this peer accepts no streams")
             return
@@ -540,7 +531,7 @@ class MuxConnection(asyncio.Protocol):
             if self._flush_handle is not None:
                 self._flush_handle.cancel()
             if not abort and isinstance(exc, (ConnectionClosedError, ProtocolError)):
-                self._syn_queue.clear()
+                self._syn_pending.clear()
                 self._flush()  # last words (GOAWAY, pending frames) before the close
                 goodbye = self._tls.close_notify()
                 if goodbye:
@@ -552,6 +543,7 @@ class MuxConnection(asyncio.Protocol):
             self._flush_handle.cancel()
         self._flush_handle = None
         self._out = []
+        self._tails.clear()
         closed = (
             exc
             if isinstance(exc, ConnectionClosedError)
@@ -559,9 +551,9 @@ class MuxConnection(asyncio.Protocol):
         )
         streams = list(self._streams.values())
         self._streams.clear()
-        self._syn_queue.clear()
+        self._syn_pending.clear()
         for stream in streams:
-            stream._on_closed(closed)
+            stream.connection_lost(closed)
         if not self.secure.done():
             self.secure.set_result(None)
         for waiter in [self._hs_waiter, *self._drain_waiters]:

@@ -1,7 +1,8 @@
 """One multiplexed stream: buffered reads, credit-limited writes, half-close and reset.
 
 A MuxStream does no I/O itself. It hands frames to its link (a MuxConnection, or the in-memory link of
-memory.py) and the link feeds it what the peer sent, so both transports share exactly these semantics.
+memory.py) through the `StreamLink` methods, and the link feeds it what the peer sent through the `feed_*`
+methods, so both transports share exactly these semantics and neither touches the other's fields.
 """
 
 from __future__ import annotations
@@ -11,23 +12,31 @@ from collections import deque
 from typing import Protocol
 
 from opentela._types import PeerId, ProtocolName
-from opentela.errors import ConnectionClosedError, FabricError, StreamResetError
+from opentela.errors import ConnectionClosedError, FabricError, ProtocolError, StreamResetError
 from opentela.fabric._frames import INITIAL_WINDOW, MAX_WINDOW, ErrorCode
 
 
 class StreamLink(Protocol):
-    """What a stream needs from the connection that carries it."""
+    """What a stream needs from the connection that carries it; only MuxStream calls these, with its own id."""
 
     max_frame: int
     write_paused: bool
 
-    def _send_data(self, stream: MuxStream, data: bytes | memoryview, fin: bool) -> None: ...
+    def send_data(self, stream_id: int, data: bytes | memoryview, fin: bool) -> None:
+        """Queue stream bytes (within the credit the stream holds), with FIN when `fin`."""
+        ...
 
-    def _send_window_update(self, stream: MuxStream, delta: int) -> None: ...
+    def send_window_update(self, stream_id: int, delta: int) -> None:
+        """Grant the peer `delta` more bytes of credit."""
+        ...
 
-    def _send_reset(self, stream: MuxStream, code: int, message: str) -> None: ...
+    def send_reset(self, stream_id: int, code: int, message: str) -> None:
+        """Abort the stream at the peer."""
+        ...
 
-    def _release(self, stream: MuxStream) -> None: ...
+    def release_stream(self, stream_id: int) -> None:
+        """The stream is finished in both directions: forget it."""
+        ...
 
     def flush(self) -> None: ...
 
@@ -63,9 +72,6 @@ class MuxStream:
         "_released",
         "_remote_eof",
         "_send_window",
-        "_syn_pending",
-        "_tail",
-        "_tail_gen",
         "_unacked",
         "_window",
         "_write_exc",
@@ -92,11 +98,6 @@ class MuxStream:
         self._recv_window = INITIAL_WINDOW  # credit the peer still has; the link grants `window` at open
         self._window = window
         self._unacked = 0  # bytes read but not yet credited back to the peer
-        # Used by MuxConnection only: the SYN prefix not yet sent, and the last DATA frame still in the
-        # connection's output buffer (write_eof sets FIN on it instead of sending an empty frame).
-        self._syn_pending: bytes | None = None
-        self._tail: bytearray | None = None
-        self._tail_gen = -1
 
     @property
     def protocol(self) -> ProtocolName:
@@ -185,7 +186,7 @@ class MuxStream:
         self._unacked = 0
         if delta > 0:
             self._recv_window += delta
-            self._link._send_window_update(self, delta)
+            self._link.send_window_update(self._id, delta)
 
     async def read(self, max_bytes: int = -1) -> bytes:
         """Up to `max_bytes` (all that is buffered when -1); waits for data; b"" at end of stream."""
@@ -233,7 +234,7 @@ class MuxStream:
         if n <= self._send_window and n <= link.max_frame:
             if n:
                 self._send_window -= n
-                link._send_data(self, data, False)
+                link.send_data(self._id, data, False)
         else:
             view = memoryview(data)
             pos = 0
@@ -245,7 +246,7 @@ class MuxStream:
                     continue
                 k = min(n - pos, self._send_window, link.max_frame)
                 self._send_window -= k
-                link._send_data(self, view[pos : pos + k], False)
+                link.send_data(self._id, view[pos : pos + k], False)
                 pos += k
                 if link.write_paused:
                     await link.wait_writable()
@@ -259,7 +260,7 @@ class MuxStream:
         if self._write_exc is not None:
             raise self._write_exc
         self._local_eof = True
-        self._link._send_data(self, b"", True)
+        self._link.send_data(self._id, b"", True)
         self._link.flush()  # nothing more follows on this stream: do not wait for the end of the loop pass
         if self._remote_eof:
             self._release()
@@ -270,7 +271,7 @@ class MuxStream:
             return
         exc = StreamResetError(message or "stream reset", reset_code=code)
         self._abort(exc, exc)
-        self._link._send_reset(self, code, message)
+        self._link.send_reset(self._id, code, message)
         self._release()
 
     async def aclose(self) -> None:
@@ -279,13 +280,13 @@ class MuxStream:
             return
         if not self._local_eof and self._write_exc is None:
             self._local_eof = True
-            self._link._send_data(self, b"", True)
+            self._link.send_data(self._id, b"", True)
         if self._remote_eof:
             self._release()
         else:
             self.reset(ErrorCode.CANCEL, "stream closed before the end of its data")
 
-    # --- events from the link -----------------------------------------------------------------------------
+    # --- events from the link (MuxConnection and memory.py call these; applications do not) ------------------
     def _abort(self, read_exc: FabricError | None, write_exc: FabricError) -> None:
         self._write_exc = write_exc
         if read_exc is not None:
@@ -298,14 +299,24 @@ class MuxStream:
     def _release(self) -> None:
         if not self._released:
             self._released = True
-            self._link._release(self)
+            self._link.release_stream(self._id)
 
-    def _on_data(self, data: bytes, fin: bool) -> bool:
-        """Bytes from the peer; False if they exceed the credit we gave (a flow-control violation)."""
+    def open_window(self) -> None:
+        """Raise the peer's credit from the protocol's initial window to this stream's; the link calls it once."""
+        if self._window > INITIAL_WINDOW:
+            self._grant(self._window - INITIAL_WINDOW)
+
+    def feed_data(self, data: bytes, fin: bool) -> None:
+        """Bytes from the peer; ProtocolError if they come after its FIN or exceed the credit we gave."""
+        if self._remote_eof:
+            raise ProtocolError(f"data after FIN on stream {self._id}")
         n = len(data)
         if n:
             if n > self._recv_window:
-                return False
+                raise ProtocolError(
+                    f"stream {self._id} exceeded its flow-control window",
+                    wire_code=ErrorCode.FLOW_CONTROL_ERROR,
+                )
             self._recv_window -= n
             self._chunks.append(data)
             self._buffered += n
@@ -314,21 +325,24 @@ class MuxStream:
         _wake(self._read_waiter)
         if fin and self._local_eof:
             self._release()
-        return True
 
-    def _on_window_update(self, delta: int) -> bool:
-        """Credit from the peer; False if it overflows the window."""
+    def feed_window_update(self, delta: int) -> None:
+        """Credit from the peer; ProtocolError if it overflows the window."""
         self._send_window += delta
         _wake(self._write_waiter)
-        return self._send_window <= MAX_WINDOW
+        if self._send_window > MAX_WINDOW:
+            raise ProtocolError(
+                f"window of stream {self._id} overflowed", wire_code=ErrorCode.FLOW_CONTROL_ERROR
+            )
 
-    def _on_reset(self, code: int, message: str) -> None:
+    def feed_reset(self, code: int, message: str) -> None:
+        """The peer aborted the stream."""
         exc = StreamResetError(f"stream reset by peer (code {code}): {message}", reset_code=code)
         # If the peer had already finished sending, everything it sent arrived: keep it readable.
         self._abort(None if self._remote_eof else exc, exc)
         self._release()
 
-    def _on_closed(self, exc: ConnectionClosedError) -> None:
+    def connection_lost(self, exc: ConnectionClosedError) -> None:
         """The connection went away; the link has already forgotten this stream."""
         self._released = True
         self._abort(None if self._remote_eof else exc, exc)

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 import numpy as np
 import yaml
 
-from opentela.engines._registry import Registry
 from opentela.errors import ConfigError
+from opentela.plugins import Registry
 from opentela.scheduler.hardware import Device, HardwareCatalog, load_catalog
 from opentela.scheduler.models import ModelSpec, load_model
 from opentela.scheduler.simulator import ReplicaSpec, simulate
@@ -238,7 +238,7 @@ class PlacementPolicy(Protocol):
         ...
 
 
-POLICIES: Registry[type] = Registry(
+POLICIES: Registry[type[PlacementPolicy]] = Registry(
     "placement policy",
     builtins=("opentela.scheduler.cpsat", "opentela.scheduler.memp"),
     entry_point_group="opentela.placement_policies",

@@ -45,7 +45,7 @@ def test_builtin_random_is_registered_and_default() -> None:
 
 
 def test_unknown_policy_is_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match=r"built-ins: .*random"):
+    with pytest.raises(ConfigError, match=r"unknown routing policy 'no-such-policy'; known: .*random"):
         create_policy("no-such-policy")
     with pytest.raises(ConfigError, match="cannot load"):
         create_policy("no.such.module:Thing")

@@ -1,9 +1,5 @@
-"""Routing policies; built-ins are imported here so registration never depends on import order."""
+"""Routing policies; `POLICIES` imports the built-ins itself, so registration never depends on import order."""
 
-from opentela.gateway.policies import least_loaded_policy as _least_loaded  # noqa: F401
-from opentela.gateway.policies import random_policy as _random_policy  # noqa: F401
-from opentela.gateway.policies import round_robin_policy as _round_robin  # noqa: F401
-from opentela.gateway.policies import weighted_policy as _weighted  # noqa: F401
 from opentela.gateway.policies.base import (
     POLICIES,
     RoutedRequest,

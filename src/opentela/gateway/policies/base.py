@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from opentela.errors import ConfigError
+from opentela.plugins import Registry
 from opentela.registry.record import NodeRecord
 
 
@@ -37,38 +37,21 @@ class RoutingPolicy(Protocol):
     ) -> None: ...
 
 
-P = TypeVar("P", bound=type)
-POLICIES: dict[str, type] = {}
+POLICIES: Registry[type[RoutingPolicy]] = Registry(
+    "routing policy",
+    builtins=(
+        "opentela.gateway.policies.random_policy",
+        "opentela.gateway.policies.round_robin_policy",
+        "opentela.gateway.policies.weighted_policy",
+        "opentela.gateway.policies.least_loaded_policy",
+    ),
+    entry_point_group="opentela.routing_policies",
+)
 
-
-def register_policy(name: str) -> Callable[[P], P]:
-    """Class decorator registering a policy under `name`; a duplicate name is an error."""
-
-    def deco(cls: P) -> P:
-        key = name.lower()
-        if key in POLICIES:
-            raise ConfigError(f"routing policy {key!r} is already registered by {POLICIES[key].__qualname__}")
-        POLICIES[key] = cls
-        cls.name = key  # type: ignore[attr-defined]
-        return cls
-
-    return deco
+register_policy = POLICIES.register
+"""Class decorator registering a routing policy under its config name; a duplicate name raises PluginError."""
 
 
 def create_policy(name: str, **options: Any) -> RoutingPolicy:
     """Instantiate a built-in policy by name, or an operator's class by `module:Class` import path."""
-    if ":" in name:
-        import importlib
-
-        module_name, _, attr = name.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"cannot load routing policy {name!r}: {exc}") from exc
-        return cls(**options)
-    try:
-        return POLICIES[name.lower()](**options)
-    except KeyError:
-        raise ConfigError(
-            f"unknown routing policy {name!r}; built-ins: {', '.join(sorted(POLICIES))}"
-        ) from None
+    return POLICIES.get(name)(**options)

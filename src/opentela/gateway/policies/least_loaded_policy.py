@@ -67,5 +67,7 @@ class LeastLoadedPolicy:
 class LeastPendingTokensPolicy(LeastLoadedPolicy):
     """`least_loaded` weighing requests by their estimated tokens (prompt plus output)."""
 
+    name = "least_loaded_tokens"
+
     def __init__(self, rng: random.Random | None = None) -> None:
         super().__init__(by_tokens=True, rng=rng)
