@@ -42,7 +42,7 @@ class Registry(Generic[T]):
         """Class decorator: register under `name`, or under the class's own ``name`` attribute."""
 
         def decorator(obj: T) -> T:
-            self.add(name or getattr(obj, "name", ""), obj)
+            self.add(name or str(getattr(obj, "name", "") or ""), obj)
             return obj
 
         return decorator

@@ -75,7 +75,7 @@ class _DatabaseKeys:
         key, secret = await self.store.create(KeySettings(**settings))
         return {"key": key_info(key), "secret": secret}
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list_keys(self) -> list[dict[str, Any]]:
         from opentela.frontend.keys import key_info
 
         return [key_info(k) for k in await self.store.list()]
@@ -120,7 +120,7 @@ class _FrontendKeys:
         body = {k: list(v) if isinstance(v, tuple) else v for k, v in settings.items()}
         return await self._call("POST", "/admin/keys", json=body)
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def list_keys(self) -> list[dict[str, Any]]:
         return (await self._call("GET", "/admin/keys"))["data"]
 
     async def revoke(self, key_id: str) -> dict[str, Any]:
@@ -143,7 +143,7 @@ class _FrontendKeys:
 
 async def _resolve(keys: _DatabaseKeys | _FrontendKeys, ref: str) -> str:
     """The id of the one key whose id or visible prefix starts with `ref`."""
-    listing = await keys.list()
+    listing = await keys.list_keys()
     hits = [k for k in listing if k["id"] == ref] or [
         k for k in listing if k["prefix"].startswith(ref) or k["id"].startswith(ref)
     ]
@@ -227,7 +227,7 @@ async def _act(args: argparse.Namespace, keys: _DatabaseKeys | _FrontendKeys) ->
                 file=sys.stderr,
             )
     elif args.keys_cmd == "list":
-        infos = await keys.list()
+        infos = await keys.list_keys()
         print(json.dumps(infos, indent=2)) if args.json else _print_keys(infos)
     elif args.keys_cmd == "revoke":
         info = await keys.revoke(await _resolve(keys, args.key))
