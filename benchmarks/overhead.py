@@ -62,6 +62,17 @@ MAX_RATE_P99_MS = 10.0
 NEW_SRC = Path(opentela.__file__).resolve().parents[1]  # the build this benchmark imports
 
 
+def machine(loadavg_start: tuple[float, float, float]) -> dict[str, object]:
+    """The machine a run measured on, with its load average at the start and now."""
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "loadavg_start": [round(x, 2) for x in loadavg_start],
+        "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
 class Path_:
     """One way to reach the engine: a URL and its headers; collects latencies and stage times."""
 
@@ -274,13 +285,7 @@ async def run(args: argparse.Namespace) -> dict:
                     highest = await max_rate(http, via_mesh, direct, args.max_rate_seconds)
     return {
         "benchmark": "overhead",
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "loadavg_start": [round(x, 2) for x in loadavg_start],
-            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(loadavg_start),
         "engine": f"simulated, fixed {args.ttft_ms} ms, 1 output token, non-streaming, ~1 KB request",
         "litellm": litellm_version() if not args.no_litellm else None,
         "sequential": sequential,
@@ -377,13 +382,7 @@ async def run_vs_baseline(args: argparse.Namespace) -> dict:
                     steps.append(_comparison(f"{rate:g} req/s", res))
     return {
         "benchmark": "overhead_vs_baseline",
-        "machine": {
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "loadavg_start": [round(x, 2) for x in loadavg_start],
-            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": machine(loadavg_start),
         "engine": f"simulated, fixed {args.ttft_ms} ms, 1 output token, non-streaming, ~1 KB request",
         "builds": {"new": new, "baseline": baseline},
         "steps": steps,
