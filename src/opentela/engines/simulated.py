@@ -31,16 +31,12 @@ from opentela.engines.simulated_config import (
     SimulatedConfig,
 )
 from opentela.errors import ConfigError
+from opentela.openai_edge import CHAT_TOKENS_PER_MESSAGE, estimate_text_tokens
 
 OWNER = "otela-simulator"
 CRASH_EXIT_CODE = 3
 """Exit status of a simulated crash (``crash_after``), distinct from a clean stop."""
 _WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
-
-
-def estimate_tokens(text: str) -> int:
-    """Rough token count of English text: one token per four characters."""
-    return math.ceil(len(text) / 4)
 
 
 def embedding_vector(text: str, dim: int, model: str) -> list[float]:
@@ -224,7 +220,7 @@ class SimulatedHandlers:
             return self._disconnect(request)
         if fate in ERROR_KINDS:
             return _simulated_failure(fate)
-        prompt_tokens = estimate_tokens(prompt) + (3 * n_messages if chat else 0)
+        prompt_tokens = estimate_text_tokens(prompt) + (CHAT_TOKENS_PER_MESSAGE * n_messages if chat else 0)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
@@ -268,7 +264,7 @@ class SimulatedHandlers:
             return _simulated_failure(fate)
         texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
         async with self._slots:
-            await _sleep_until(arrival + self.timing.ttft(sum(estimate_tokens(t) for t in texts)))
+            await _sleep_until(arrival + self.timing.ttft(sum(estimate_text_tokens(t) for t in texts)))
         if fate == "crash":
             self._crash(request)
             return await self._hang(request)
@@ -279,7 +275,7 @@ class SimulatedHandlers:
             if as_base64:
                 vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vec})
-        tokens = sum(estimate_tokens(t) for t in texts)
+        tokens = sum(estimate_text_tokens(t) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
         return web.json_response({"object": "list", "data": data, "model": self.config.model, "usage": usage})
 

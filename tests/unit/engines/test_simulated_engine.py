@@ -24,9 +24,9 @@ from opentela.engines.simulated import (
     SimulatedConfig,
     SimulatedServer,
     embedding_vector,
-    estimate_tokens,
 )
 from opentela.errors import ConfigError
+from opentela.openai_edge import estimate_text_tokens
 
 CHAT = {"model": "sim-model", "messages": [{"role": "user", "content": "x" * 40}]}
 
@@ -79,7 +79,7 @@ async def test_chat_non_stream_takes_ttft_plus_itl_and_reports_usage(http: aioht
     assert choice["message"]["role"] == "assistant"
     assert len(choice["message"]["content"].split()) == 5
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 10 + 3, "completion_tokens": 5, "total_tokens": 18}
+    assert body["usage"] == {"prompt_tokens": 10 + 4, "completion_tokens": 5, "total_tokens": 19}  # 4 per message
 
 
 async def test_default_max_tokens_applies(http: aiohttp.ClientSession) -> None:
@@ -155,7 +155,7 @@ async def test_embeddings_are_deterministic_unit_vectors(http: aiohttp.ClientSes
     assert vecs[0] == embedding_vector("alpha", 16, "sim-model")
     decoded = struct.unpack("<16f", base64.b64decode(b64["data"][1]["embedding"]))
     assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) for a, b in zip(decoded, vecs[1], strict=True))
-    assert body["usage"]["prompt_tokens"] == 2 * estimate_tokens("alpha") + estimate_tokens("beta")
+    assert body["usage"]["prompt_tokens"] == 2 * estimate_text_tokens("alpha") + estimate_text_tokens("beta")
 
 
 async def test_error_rate_one_answers_500_in_openai_shape(http: aiohttp.ClientSession) -> None:
