@@ -18,7 +18,7 @@ from opentela.engines._registry import engine_from_command, engine_from_name
 from opentela.engines.base import EngineSpec
 from opentela.errors import ConfigError
 from opentela.fabric.addresses import parse_addr
-from opentela.fabric.identity import Identity
+from opentela.fabric.key_claim import ClaimedKey, claim_explicit, claim_key, owner_tag
 from opentela.gateway.app import Gateway
 from opentela.node.agent import NodeAgent
 from opentela.node.logsink import RecentLogs
@@ -173,12 +173,26 @@ def resolve_engine(config: OtelaConfig, command: list[str]) -> EngineSpec | None
     return None
 
 
+def claim_node_key(config: OtelaConfig, command: list[str]) -> ClaimedKey:
+    """This node's identity: the key given with --key-file, else a free key of the configuration directory.
+
+    Nodes started with the same settings prefer the key such a node used last, so a restarted node keeps its peer
+    id; two running at once get two keys (docs/node.md, "Identity").
+    """
+    node = config.node
+    if node.key_file:
+        return claim_explicit(Path(node.key_file))
+    owner = owner_tag(node.role, node.listen, config.gateway.http, node.provider_id, node.engine, *command)
+    return claim_key(config_home(), owner)
+
+
 async def run_node(config: OtelaConfig, command: list[str]) -> int:
     """Run one node until SIGINT/SIGTERM or until its engine dies; returns the exit code."""
     node = config.node
     if node.role not in ("worker", "ingress"):
         raise ConfigError(f"role must be worker or ingress, not {node.role!r}")
-    identity = Identity.load_or_create(node.key_file or config_home() / "identity.key")
+    key = claim_node_key(config, command)
+    identity = key.identity
     engine = resolve_engine(config, command)
     log_dir = Path(node.log_dir) if node.log_dir else state_home() / "logs"
     fabric = config.fabric
@@ -201,6 +215,10 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         print(f"node      {agent.peer_id}", file=sys.stderr)
         print(f"session   {agent.session_id}", file=sys.stderr)
         print(f"provider  {agent.provider_id}", file=sys.stderr)
+        print(
+            f"key       {key.path}{' (shared with another running node)' if key.shared else ''}",
+            file=sys.stderr,
+        )
         print(f"bootstrap {agent.bootstrap_addr}", file=sys.stderr)
         if engine is not None:
             print(f"engine    {engine.name} on {engine.base_url}: {' '.join(engine.argv)}", file=sys.stderr)
@@ -236,3 +254,4 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         finally:
             restore_signals()
             root.removeHandler(node_log)
+            key.release()

@@ -74,7 +74,10 @@ class NodeConfig:
     )
     key_file: str = field(
         default="",
-        metadata={"help": "Ed25519 identity key (default: $XDG_CONFIG_HOME/opentela/identity.key)."},
+        metadata={
+            "help": "Ed25519 identity key (default: the first key of $XDG_CONFIG_HOME/opentela no running node "
+            "holds: identity.key, identity-2.key, ...)."
+        },
     )
     role: Role = field(
         default=Role.WORKER, metadata={"help": "`worker`, or `ingress` to also serve the HTTP API."}
