@@ -79,7 +79,11 @@ async def test_chat_non_stream_takes_ttft_plus_itl_and_reports_usage(http: aioht
     assert choice["message"]["role"] == "assistant"
     assert len(choice["message"]["content"].split()) == 5
     assert choice["finish_reason"] == "length"
-    assert body["usage"] == {"prompt_tokens": 10 + 4, "completion_tokens": 5, "total_tokens": 19}  # 4 per message
+    assert body["usage"] == {
+        "prompt_tokens": 10 + 4,
+        "completion_tokens": 5,
+        "total_tokens": 19,
+    }  # 4 per message
 
 
 async def test_default_max_tokens_applies(http: aiohttp.ClientSession) -> None:
