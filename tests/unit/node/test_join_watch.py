@@ -49,7 +49,7 @@ def test_bootstrapping_to_itself_warns_at_once_and_names_the_address(
     w.observe(0, now=29.0)
     assert len(codes(w)) == 1
     w.observe(0, now=30.0)
-    joined = [n for n in w.notices.active() if n.code == JOINED_NOBODY][0]
+    joined = next(n for n in w.notices.active() if n.code == JOINED_NOBODY)
     assert "joined no peer" in joined.message and "127.0.0.1:4001 (this node itself)" in joined.message
 
 
