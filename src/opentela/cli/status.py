@@ -1,10 +1,11 @@
-"""`otela status`: the mesh as an ingress sees it, as a table."""
+"""`otela status`: the mesh as an ingress sees it, as a table, and the warnings the ingress has up."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import aiohttp
@@ -18,7 +19,9 @@ from opentela.errors import PeerUnreachableError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `otela status`."""
     parser.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL")
-    parser.add_argument("--json", action="store_true", help="print the raw table as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print the raw table, peers and notices (warnings) as JSON"
+    )
 
 
 def hardware_text(hw: dict[str, Any]) -> str:
@@ -37,8 +40,15 @@ def hardware_text(hw: dict[str, Any]) -> str:
     return f"{head}, {round(ram / 1024)} GiB RAM" if ram else head
 
 
-async def fetch_mesh(ingress: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The registry table and the peer list of an ingress."""
+def notice_text(notice: dict[str, Any], now: float) -> str:
+    """One warning as a line: its code, for how long it has been up, and what to do."""
+    since = notice.get("since")
+    age = f", {max(0, round(now - since))} s" if isinstance(since, int | float) else ""
+    return f"{notice.get('code', '?')}{age}: {notice.get('message', '')}"
+
+
+async def fetch_mesh(ingress: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The registry table, the peer list and the notices (warnings) of an ingress."""
     base = ingress.rstrip("/").removesuffix("/v1")
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
@@ -48,16 +58,20 @@ async def fetch_mesh(ingress: str) -> tuple[list[dict[str, Any]], list[dict[str,
             async with http.get(f"{base}/v1/dnt/peers") as resp:
                 resp.raise_for_status()
                 peers = await resp.json()
+            async with http.get(f"{base}/v1/health") as resp:
+                resp.raise_for_status()
+                # An ingress of an older release has no notices to give.
+                notices = (await resp.json()).get("notices") or []
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise PeerUnreachableError(f"cannot read the mesh from {base}: {exc}") from exc
-    return table, peers
+    return table, peers, notices
 
 
 async def print_status(ingress: str, *, as_json: bool = False) -> int:
-    """Print the nodes of the mesh with state, hardware and models."""
-    table, peers = await fetch_mesh(ingress)
+    """Print the nodes of the mesh with state, hardware and models, then the ingress's warnings."""
+    table, peers, notices = await fetch_mesh(ingress)
     if as_json:
-        print(json.dumps({"nodes": table, "peers": peers}, indent=2))
+        print(json.dumps({"nodes": table, "peers": peers, "notices": notices}, indent=2))
         return 0
     suspected = {p.get("peer_id") for p in peers if p.get("suspected")}
     out = Table(title=f"OpenTela mesh at {ingress}", show_lines=False)
@@ -80,7 +94,13 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
             ", ".join(rec.get("addrs", [])[:1]),
         )
     # A pipe or a log file has no width; do not squeeze the table into 80 columns there.
-    Console(width=None if sys.stdout.isatty() else 160).print(out)
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(out)
+    if notices:
+        now = time.time()
+        console.print("\n[bold yellow]Warnings[/] (from the ingress)")
+        for notice in notices:
+            console.print(f"  - {notice_text(notice, now)}", markup=False, highlight=False)
     return 0
 
 

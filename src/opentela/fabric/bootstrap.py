@@ -73,7 +73,8 @@ async def bootstrap(
                 f"no bootstrap peer answered after {round_no} rounds: {', '.join(pending)}"
             )
         delay = backoff_delay(round_no, initial_delay, max_delay, rng)
-        logger.warning(
+        # INFO, not WARNING: every round says it again; the node raises one notice after a while instead.
+        logger.info(
             "no bootstrap peer reachable (round %d); retrying in %.2fs",
             round_no,
             delay,

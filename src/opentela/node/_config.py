@@ -167,6 +167,20 @@ class NodeConfig:
             "(it can then run commands on this machine: for local demos only)."
         },
     )
+    bootstrap_warn_after: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds a bootstrap address may go unanswered, or a worker stay without any peer, before "
+            "the node logs a WARNING saying what to do (`otela status` shows it too); 0: never."
+        },
+    )
+    no_peers_warn_after: float = field(
+        default=60.0,
+        metadata={
+            "help": "Seconds an ingress may have no peer before it logs a WARNING on how to add providers "
+            "(`otela status` shows it too); 0: never."
+        },
+    )
     log_tail_lines: int = field(
         default=200,
         metadata={"help": "Lines of the engine log and of the node's own log in a fail-stop report."},
@@ -176,7 +190,14 @@ class NodeConfig:
         # Files, variables and flags give plain strings: hold the members, so a typo fails at load time.
         object.__setattr__(self, "role", _as_enum(Role, "role", self.role))
         object.__setattr__(self, "reachability", _as_enum(Reachability, "reachability", self.reachability))
-        for name in ("health_interval", "health_failures", "unhealthy_limit", "log_tail_lines"):
+        for name in (
+            "health_interval",
+            "health_failures",
+            "unhealthy_limit",
+            "log_tail_lines",
+            "bootstrap_warn_after",
+            "no_peers_warn_after",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"[node] {name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("health_timeout", "log_sink_timeout"):

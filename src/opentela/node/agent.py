@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from opentela.engines.base import EngineSpec
 from opentela.errors import ConfigError, OpenTelaError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.admission import admission_from_config
+from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.node._config import NodeConfig, Role
@@ -30,9 +32,11 @@ from opentela.node.engine_set import EngineSet
 from opentela.node.failstop import FailStop
 from opentela.node.hardware import probe_hardware
 from opentela.node.http_service import LocalEngineProxy
+from opentela.node.join_watch import JoinWatch
 from opentela.node.logsink import FailStopReport, LogSink, RecentLogs
 from opentela.node.logwatch import compile_patterns
 from opentela.node.mesh_view import MeshView
+from opentela.node.notices import Notices
 from opentela.node.reachability import NodeReachability
 from opentela.node.session import (
     default_provider_id,
@@ -89,6 +93,9 @@ class NodeAgent:
         self.housekeeping: Housekeeping | None = None
         self.reachability: NodeReachability | None = None
         self._mesh: MeshView | None = None
+        self.notices = Notices()
+        """What the operator should act on: logged once at WARNING, served with health and stats."""
+        self._join_watch: JoinWatch | None = None
         self.exit_code: int | None = None
         self._stop = asyncio.Event()
         self._tasks = TaskSet("node", on_error=self._task_failed)
@@ -192,6 +199,16 @@ class NodeAgent:
             self.control,
             bootstrap=cfg.bootstrap,
             spawn=self._tasks.spawn,
+            notices=self.notices,
+        )
+        self._join_watch = JoinWatch(
+            self.notices,
+            ingress=cfg.role == Role.INGRESS,
+            bootstrap=cfg.bootstrap,
+            own_addr=lambda: self.bootstrap_addr,
+            warn_after=cfg.bootstrap_warn_after,
+            alone_after=cfg.no_peers_warn_after,
+            now=time.monotonic(),
         )
         self.registry.on_evicted(
             lambda before, eviction: asyncio.get_running_loop().call_soon(
@@ -212,6 +229,7 @@ class NodeAgent:
         )
         if cfg.bootstrap:
             self._tasks.spawn(self._bootstrap(), "bootstrap")
+        self._tasks.spawn(self._watch_joining(self._join_watch), "join-watch")
         if self._configured_engine is not None:
             self.engines.launch(self._configured_engine, self.session_id, assigned=False)
             self._configured_engine = None
@@ -222,9 +240,29 @@ class NodeAgent:
 
     async def _bootstrap(self) -> None:
         assert self.host is not None and self.registry is not None and self.reachability is not None
-        peers = await self.host.bootstrap(list(self.node_config.bootstrap))
+        assert self._join_watch is not None
+        peers = await bootstrap(self._dial_bootstrap, list(self.node_config.bootstrap))
+        self._join_watch.bootstrap_done()
         logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
         await self.reachability.settle(peers, self.registry.local.addrs)
+
+    async def _dial_bootstrap(self, addr: str) -> PeerId:
+        """Dial one bootstrap address, telling the join watch how it went."""
+        assert self.host is not None and self._join_watch is not None
+        try:
+            peer = await self.host.connect(addr)
+        except Exception as exc:
+            self._join_watch.dialed(addr, exc, time.monotonic())
+            raise
+        self._join_watch.dialed(addr, peer, time.monotonic())
+        return peer
+
+    async def _watch_joining(self, watch: JoinWatch) -> None:
+        """Now and then, let the join watch see how many peers we have (its notices come and go with it)."""
+        while not self._stop.is_set():
+            has_engine = self.engines.first is not None or self._configured_engine is not None
+            watch.observe(self.mesh.peer_count(), time.monotonic(), has_engine=has_engine)
+            await asyncio.sleep(watch.check_interval)
 
     def _make_runner(self, spec: EngineSpec, log_path: Path, assigned: bool) -> EngineRunner:
         return EngineRunner(

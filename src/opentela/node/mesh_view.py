@@ -1,7 +1,8 @@
 """The node's view of the mesh as the gateway and the fleet controller read it: the gateway's Mesh contract.
 
 Reads go to the registry replica and the liveness layer; streams go out through the fabric host (or stay in
-the process when the target is this node). The view owns no state but the failure counts it reports.
+the process when the target is this node). The view owns no state but the failure counts it reports; the
+node's notices (node/notices.py) travel with its stats and health.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from opentela.fabric.host import Host
 from opentela.fabric.memory import memory_stream_pair
 from opentela.node.control import ControlService
 from opentela.node.http_service import LocalEngineProxy
+from opentela.node.notices import Notices
 from opentela.registry.gossip import Gossip
 from opentela.registry.membership import Membership
 from opentela.registry.record import NodeRecord
@@ -41,11 +43,13 @@ class MeshView:
         *,
         bootstrap: Sequence[str],
         spawn: Spawn,
+        notices: Notices | None = None,
     ) -> None:
         self.host, self.registry, self.membership, self.gossip = host, registry, membership, gossip
         self.proxy, self.control = proxy, control
         self.bootstrap = tuple(bootstrap)
         self._spawn = spawn
+        self.notices = notices if notices is not None else Notices()
         self.failures: dict[str, int] = {}
 
     def __repr__(self) -> str:
@@ -82,6 +86,10 @@ class MeshView:
             and r.lifecycle <= Lifecycle.SERVING
             and not self.membership.is_excluded(r)
         ]
+
+    def peer_count(self) -> int:
+        """Live nodes other than this one: how many peers this node has joined."""
+        return sum(1 for r in self.live_records() if r.peer_id != self.peer_id)
 
     def on_change(self, listener: ChangeListener) -> None:
         """Call `listener(record, local)` after every change applied to this replica."""
@@ -145,6 +153,7 @@ class MeshView:
             },
             "failures_by_session": dict(self.failures),
             "control": dict(self.control.counters),
+            "notices": self.notices.snapshot(),
         }
 
     def health(self) -> dict[str, Any]:
@@ -157,4 +166,6 @@ class MeshView:
             "state": local.lifecycle.name,
             "models": [m.id for m in local.models],
             "nodes_known": len(self.registry),
+            # What the operator should act on (bootstrapped to itself, joined nobody...): `otela status` shows it.
+            "notices": self.notices.snapshot(),
         }

@@ -130,9 +130,18 @@ def test_stats_and_health_keep_their_keys() -> None:
         "admission",
         "failures_by_session",
         "control",
+        "notices",
     }
     assert (
         mesh.stats()["admission"]["network_id"] == "open" and mesh.stats()["admission"]["refused_peers"] == 2
     )
     health = mesh.health()
     assert health["status"] == "ok" and health["state"] == "JOIN" and health["nodes_known"] == 3
+
+
+def test_notices_travel_with_health_and_stats_and_peers_are_counted() -> None:
+    mesh, _, _ = view()
+    assert mesh.health()["notices"] == [] and mesh.peer_count() == 1  # OTHER; SUSPECT is excluded
+    mesh.notices.post("no_peers", "start a provider")
+    assert [n["code"] for n in mesh.health()["notices"]] == ["no_peers"]
+    assert mesh.stats()["notices"][0]["message"] == "start a provider"

@@ -71,7 +71,7 @@ async def dnt_bootstraps(request: web.Request) -> web.Response:
 
 
 async def dnt_stats(request: web.Request) -> web.Response:
-    """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters."""
+    """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters, and the node's notices."""
     gw = state_of(request)
     stats = gw.mesh.stats()
     stats["gateway"] = {
@@ -85,7 +85,7 @@ async def dnt_stats(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    """GET /v1/health: liveness of this node."""
+    """GET /v1/health: liveness of this node and the notices (warnings) it has up."""
     return web.json_response(state_of(request).mesh.health())
 
 
