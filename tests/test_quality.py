@@ -40,3 +40,15 @@ def test_types_check() -> None:
         pytest.fail("mypy is part of the test extras; install with pip install -e '.[test]'")
     out = run(sys.executable, "-m", "mypy", "src/opentela", timeout=840)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_test_module_names_are_unique() -> None:
+    # Test folders are not packages, so pytest imports each file under its bare name: two files with one name
+    # make the whole run stop at collection.
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "rename one of each pair: " + "; ".join(clashes)
