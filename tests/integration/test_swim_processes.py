@@ -27,10 +27,14 @@ PROBING = {
 async def mesh_with(tmp_path: Path, suspicion_timeout: float) -> LocalMesh:
     env = {**os.environ, **PROBING, "OTELA_REGISTRY_SUSPICION_TIMEOUT": str(suspicion_timeout)}
     mesh = LocalMesh(tmp_path, env=env)
-    await mesh.start_ingress()
-    await mesh.add_worker("worker-a", SIM, provider="lab-a")
-    await mesh.add_worker("worker-b", SIM, provider="lab-b")
-    await mesh.wait_serving("sim", 2, timeout=90)
+    try:
+        await mesh.start_ingress()
+        await mesh.add_worker("worker-a", SIM, provider="lab-a")
+        await mesh.add_worker("worker-b", SIM, provider="lab-b")
+        await mesh.wait_serving("sim", 2, timeout=90)
+    except BaseException:
+        await mesh.aclose()  # a fixture that fails in setup gets no teardown: close the processes here
+        raise
     return mesh
 
 

@@ -16,16 +16,15 @@ from typing import IO, Any
 
 import aiohttp
 
+from opentela.engines.base import free_port as engine_free_port
 from opentela.errors import ConfigError
 
 OTELA = [sys.executable, "-m", "opentela"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port on `host`."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A currently free TCP port on `host`, from outside the range the OS gives to port-0 binds."""
+    return engine_free_port(host)
 
 
 def port_is_free(host: str, port: int) -> bool:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import abc
 import os
+import random
 import shlex
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -58,8 +60,40 @@ class EngineSpec:
         return shlex.join(self.argv)
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+    return low, high
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """Return a TCP port that is free on `host` right now (the OS picks it)."""
+    """Return a TCP port that is free on `host` right now, outside the range the OS gives to port-0 binds.
+
+    A port the OS picked for a probe socket and got back is among the next it may hand to any socket bound to
+    port 0, such as the node's own fabric listener started a moment later; the engine then cannot bind it. Ports
+    below (or above) the ephemeral range are never handed out that way, so those are tried first.
+    """
+    low, high = _ephemeral_range()
+    spans = [(max(1024, low - 20000), low - 1)] if low > 2048 else []
+    if high < 65000:
+        spans.append((high + 1, 65535))
+    rng = random.Random()
+    for first, last in spans:
+        for _ in range(64):
+            port = rng.randint(first, last)
+            if _bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

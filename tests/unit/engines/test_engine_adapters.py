@@ -172,3 +172,16 @@ def test_spec_is_immutable_and_validated() -> None:
     with pytest.raises(ConfigError):
         EngineSpec("x", ["a"], port=70000)
     assert EngineSpec("x", ["a"], port=5, host="::1").base_url == "http://[::1]:5"
+
+
+def test_free_ports_avoid_the_range_the_os_gives_to_port_zero_binds() -> None:
+    """An engine port must not be one the node's own fabric listener (bound to port 0) can get a moment later."""
+    import socket
+    from pathlib import Path
+
+    low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(not (low <= p <= high) for p in ports), (low, high, sorted(ports))
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # each was free when returned, and nothing here took it since
