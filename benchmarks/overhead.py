@@ -36,7 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -636,6 +638,16 @@ def _row(label: str, r: dict) -> str:
     )
 
 
+def write_results(
+    out: Path, name: str, result: dict[str, Any], render: Callable[[dict[str, Any]], str]
+) -> None:
+    """Print the JSON, and write it with its Markdown summary as `out/name.{json,md}`."""
+    print(json.dumps(result, indent=2))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{name}.md").write_text(render(result))
+
+
 async def main() -> int:
     """Run the benchmark."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -665,24 +677,16 @@ async def main() -> int:
     if args.baseline_src:
         if not (Path(args.baseline_src) / "opentela" / "__init__.py").is_file():
             ap.error(f"--baseline-src {args.baseline_src}: no opentela package there")
-        result = await run_vs_baseline(args)
-        print(json.dumps(result, indent=2))
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "overhead_vs_baseline.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "overhead_vs_baseline.md").write_text(render_baseline_markdown(result))
+        write_results(
+            Path(args.out), "overhead_vs_baseline", await run_vs_baseline(args), render_baseline_markdown
+        )
         return 0
     args.rates = args.rates or "1,4,16,64"
     if args.render:
         result = json.loads(Path(args.render).read_text())
         (Path(args.out) / "overhead.md").write_text(render_markdown(result))
         return 0
-    result = await run(args)
-    print(json.dumps(result, indent=2))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "overhead.md").write_text(render_markdown(result))
+    write_results(Path(args.out), "overhead", await run(args), render_markdown)
     return 0
 
 
