@@ -4,9 +4,11 @@ Messages (msgpack maps, one request and one answer per stream; "u" is an optiona
 membership updates [status, session, incarnation]):
   ping      {"p": target session, "u"}          -> {"a": incarnation, "u"}   or {"x": 1} (not that session)
   ping-req  {"r": target session, "w": peer id, "u"} -> {"a": incarnation}  or {"f": 1} (no answer either)
+  evicted?  {"q": session}                      -> {"l": 1} when our replica holds that session LEFT, else {"l": 0}
 
 Evictions signed by other members merge only with evidence (evictions.py): this node's own failed probe of the
-session, a quorum of distinct signers, or, for our own session, signs that we were the one cut off or stalled.
+session, a quorum of distinct signers, or, for our own session, a stall of our own loop or enough peers saying
+(evicted?) that their replicas already hold it LEFT.
 
 Routing exclusion is the union of SWIM suspicion (all probe paths failed, spread to everyone) and a local,
 transport-level mark (our connection dropped or a request failed) that lasts until we hear from the peer again
@@ -38,6 +40,7 @@ from opentela.registry.swim import Member, Status, SwimState, Update
 logger = logging.getLogger(__name__)
 
 MAX_PROBE_MESSAGE = 4096
+EVICTION_QUERY_FANOUT = 8  # peers asked whether they hold our session LEFT
 NOT_THAT_SESSION = -1
 
 
@@ -71,8 +74,9 @@ class Membership:
         self.last_seen: dict[PeerId, float] = {}
         self._probing: set[SessionId] = set()
         self._releasing: set[SessionId] = set()
+        self._asking: set[SessionId] = set()
         self._silent: dict[SessionId, float] = {}  # sessions whose latest probe by us failed, and when
-        self._lost_touch: dict[PeerId, float] = {}  # peers whose connection or probe failed, and when
+        self._confirmed: dict[SessionId, set[PeerId]] = {}  # peers whose replicas hold our session LEFT
         self.evidence = EvictionEvidence(
             quorum=self.config.eviction_quorum,
             hold=self.config.eviction_hold,
@@ -164,7 +168,6 @@ class Membership:
         if peer not in self.unreachable:
             logger.info("peer unreachable", extra={"peer_id": peer, "reason": reason})
         self.unreachable[peer] = reason
-        self._lost_touch[peer] = self.clock()
         for member in [m for m in self.swim.members.values() if m.peer == peer]:
             if member.session not in self._probing:
                 self._spawn(self.probe(member), "swim-urgent-probe")
@@ -192,11 +195,12 @@ class Membership:
             del self.unreachable[peer]
         for session in [s for s in self._silent if s not in self.swim.members]:
             del self._silent[session]
-        now = self.clock()
-        for peer in [p for p, t in self._lost_touch.items() if t < now - self.config.eviction_hold]:
-            del self._lost_touch[peer]
         self._recheck_evictions()
+        held = set(self.evidence.sessions())
+        for session in [s for s in self._confirmed if s not in held]:
+            del self._confirmed[session]
         written = []
+        now = self.clock()
         for member in self.swim.due_evictions(now):
             if not self._in_touch(member.peer, now):
                 # We hear from nobody else either: we may be the one cut off, and evicting the whole mesh from
@@ -245,9 +249,7 @@ class Membership:
             self._record_silence(member)
 
     def _record_silence(self, member: Member) -> None:
-        now = self.clock()
-        self._silent[member.session] = now
-        self._lost_touch[member.peer] = now
+        self._silent[member.session] = self.clock()
 
     async def probe(self, member: Member) -> bool:
         """Probe one session: directly, then through helpers; suspect it when every path fails."""
@@ -342,7 +344,9 @@ class Membership:
                 "holding an eviction of a session this node still reaches",
                 extra={"session": session[:12], "signer": record.signer, "reason": record.reason},
             )
-        if not own and session not in self._probing:
+        if own and session not in self._asking:
+            self._spawn(self._ask_about_us(session), "swim-eviction-query")
+        elif not own and session not in self._probing:
             member = self.swim.members.get(session) or Member(session, record.peer_id)
             self._spawn(self._probe_held(member), "swim-eviction-probe")
         return False
@@ -358,16 +362,47 @@ class Membership:
         """Our own reason to believe `record`'s session is gone (its held quorum aside)."""
         now = self.clock()
         if own:
-            if self.loop_lag.worst_since(now - self.config.eviction_hold) >= self.config.probe_timeout:
-                return True  # we stalled: the others had every reason not to hear from us
-            peers = {m.peer for m in self.swim.members.values()} | {record.signer}
-            lost = [p for p, t in self._lost_touch.items() if t >= now - self.config.eviction_hold]
-            return len(lost) >= min(self.config.eviction_quorum, len(peers))
+            stall = self.loop_lag.worst_since(now - self.config.eviction_hold)
+            if stall >= self.config.suspicion_timeout / 2:
+                # We stalled too long to refute a suspicion: the others rightly gave up on us.
+                logger.info("our event loop stalled %.1f s: taking the eviction of our session", stall)
+                return True
+            # The mesh merged it: enough peers (signers, or replicas that hold it LEFT) of those we know, so
+            # that one member alone, signing and confirming, is never enough where there is anyone else.
+            signers = self.evidence.signers(record.session_id) | {record.signer}
+            support = signers | self._confirmed.get(record.session_id, set())
+            peers = set(self._live_sessions().values()) - {self.host.peer_id} | signers
+            return len(support) >= min(self.config.eviction_quorum, len(peers))
         member = self.swim.members.get(record.session_id)
         if member is not None and member.status is Status.SUSPECT and member.witnessed:
             return True
         failed_at = self._silent.get(record.session_id)
         return failed_at is not None and now - failed_at <= self.config.eviction_hold
+
+    async def _ask_about_us(self, session: SessionId) -> None:
+        """Ask live peers whether their replicas hold our session LEFT; then re-check the held evictions."""
+        self._asking.add(session)
+        try:
+            by_peer = {
+                p: sid
+                for sid, p in self._live_sessions().items()
+                if p != self.host.peer_id and not self.swim.is_suspected(sid)
+            }
+            asked = self._rng.sample(sorted(by_peer), min(len(by_peer), EVICTION_QUERY_FANOUT))
+            query = {"q": session}
+            answers = await asyncio.gather(
+                *(self._exchange(p, by_peer[p], query, self.config.indirect_timeout) for p in asked)
+            )
+            yes = {
+                p
+                for p, reply in zip(asked, answers, strict=True)
+                if reply is not None and reply.get("l") == 1
+            }
+            if yes:
+                self._confirmed.setdefault(session, set()).update(yes)
+        finally:
+            self._asking.discard(session)
+        self._recheck_evictions()
 
     async def _probe_held(self, member: Member) -> None:
         """Probe a session that another member evicted; merge the held evictions if it fails here too."""
@@ -494,6 +529,9 @@ class Membership:
         await stream.aclose()
 
     async def _answer_probe(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        if "q" in msg:
+            held = self.registry.get(msg["q"]) if isinstance(msg["q"], str) else None
+            return {"l": int(held is not None and held.lifecycle is Lifecycle.LEFT)}
         if "p" in msg:
             return {"a": self.swim.incarnation} if msg["p"] == self.swim.session else {"x": 1}
         target, peer = msg.get("r"), msg.get("w")
