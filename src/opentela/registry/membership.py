@@ -309,8 +309,8 @@ class Membership:
         """Whether another member's eviction may merge now (Registry.eviction_check); otherwise it is held.
 
         It may when the session is not live here (nothing to protect), when our own latest probe of it failed,
-        or when a quorum of distinct members evicted it. An eviction of our own session also needs our own
-        evidence: our event loop stalled, or we lost touch with as many peers as a quorum (we were cut off).
+        or when a quorum of distinct members evicted it. An eviction of our own session needs evidence too: our
+        event loop stalled for half the suspicion timeout, or enough peers sign it or say they hold it LEFT.
         """
         session = record.session_id
         if session in self._releasing:
