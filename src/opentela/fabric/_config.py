@@ -57,6 +57,16 @@ class FabricConfig:
     relay_max_circuits: int = field(
         default=256, metadata={"help": "Relayed connections this node carries at once."}
     )
+    dial_back_limit: int = field(
+        default=4,
+        metadata={
+            "help": "Dial-back checks one peer may ask of this node per dial_back_window (only ever to the "
+            "asker's own addresses); more are refused and counted."
+        },
+    )
+    dial_back_window: float = field(
+        default=60.0, metadata={"help": "Seconds over which dial_back_limit counts a peer's requests."}
+    )
 
     join_token: str = field(
         default="",
@@ -82,12 +92,20 @@ class FabricConfig:
     )
 
     def __post_init__(self) -> None:
-        for name in ("dial_timeout", "handshake_timeout", "keepalive_interval", "keepalive_timeout"):
+        for name in (
+            "dial_timeout",
+            "handshake_timeout",
+            "keepalive_interval",
+            "keepalive_timeout",
+            "dial_back_window",
+        ):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"[fabric] {name} must be positive, got {getattr(self, name)!r}")
         if not INITIAL_WINDOW <= self.stream_window <= MAX_WINDOW:
             raise ConfigError(f"[fabric] stream_window must be {INITIAL_WINDOW}..{MAX_WINDOW} bytes")
         if not 1024 <= self.max_frame_payload <= MAX_FRAME_PAYLOAD:
             raise ConfigError(f"[fabric] max_frame_payload must be 1024..{MAX_FRAME_PAYLOAD} bytes")
+        if self.dial_back_limit < 1:
+            raise ConfigError("[fabric] dial_back_limit must be at least 1")
         if self.max_inbound_streams < 1:
             raise ConfigError("[fabric] max_inbound_streams must be at least 1")

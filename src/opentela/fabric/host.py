@@ -88,6 +88,8 @@ class Host:
             serve=config.relay_serve,
             max_reservations=config.relay_max_reservations,
             max_circuits=config.relay_max_circuits,
+            dial_back_limit=config.dial_back_limit,
+            dial_back_window=config.dial_back_window,
         )
         self._handlers[PROTO_RELAY] = self.relay.rpc_relay
         self._closed = False
@@ -471,6 +473,14 @@ class Host:
         finally:
             await stream.aclose()
         return relay_peer
+
+    def remote_ip(self, peer_id: PeerId) -> str | None:
+        """The IP our direct connection to `peer_id` comes from; None when not connected or relayed."""
+        conn = self._conns.get(peer_id)
+        where = conn.get_extra_info("peername") if conn is not None else None
+        if not isinstance(where, tuple) or not where or where[0] == "relay":
+            return None
+        return str(where[0])
 
     async def check_reachable(self, peer_id: PeerId, addrs: Sequence[str]) -> list[str]:
         """Ask a connected peer which of our `addrs` it can open a new connection to."""

@@ -9,7 +9,11 @@ Messages (length-prefixed msgpack, see messages.py); every reply is {"ok": true,
   reserve:  private -> relay  {"t": "reserve"}                   reply {"ok": true, "ttl": s}
   connect:  dialer  -> relay  {"t": "connect", "to": PEERID}     reply, then raw bytes both ways
   incoming: relay -> private  {"t": "incoming", "from": PEERID}  reply, then raw bytes both ways
-  dialback: any -> peer       {"t": "dialback", "addrs": [...]}  reply {"ok": true, "reachable": [...]}
+  dialback: any -> peer       {"t": "dialback", "addrs": [...]}  reply {"ok": true, "reachable": [...],
+                                                                        "refused": [...]}
+A dial-back only dials the asker's own addresses: the IP its direct connection comes from, or, for an asker on
+this very host, this host's addresses; anything else is refused undialled, so no peer can use a node to probe
+third hosts. Each peer gets a few dial-backs per window.
 A circuit address is a relay address followed by "/p2p-circuit", e.g. "RELAYID@10.0.0.1:4001/p2p-circuit".
 """
 
@@ -17,7 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
+import time
 from collections import deque
 from typing import Any
 
@@ -31,6 +38,48 @@ logger = logging.getLogger(__name__)
 CIRCUIT_SUFFIX = "/p2p-circuit"
 DIAL_BACK_TIMEOUT = 2.0  # a firewalled port drops the SYN silently: give up after this long
 _WRITE_HIGH = 512 * 1024  # bytes buffered in a StreamTransport before its protocol is asked to pause
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def is_local_ip(text: str) -> bool:
+    """Whether `text` is an address of this host (loopback, or one a socket here can bind)."""
+    ip = _ip(text)
+    if ip is None:
+        return False
+    if ip.is_loopback:
+        return True
+    if ip.is_unspecified or ip.is_multicast:
+        return False
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((str(ip), 0))  # EADDRNOTAVAIL unless the address is on one of our interfaces
+    except OSError:
+        return False
+    return True
+
+
+def owns_address(target: str, asker: str) -> bool:
+    """Whether dialling IP `target` reaches the asker whose connection comes from IP `asker`.
+
+    Its own IP, always; and when the asker runs on this host (it reached us over loopback or one of our
+    addresses), this host's addresses too. Never another host, link-local or not.
+    """
+    target_ip, asker_ip = _ip(target), _ip(asker)
+    if target_ip is None or asker_ip is None or target_ip.is_unspecified or target_ip.is_multicast:
+        return False
+    if target_ip == asker_ip:
+        return True
+    return is_local_ip(str(asker_ip)) and is_local_ip(str(target_ip))
 
 
 def is_circuit(addr: str) -> bool:
@@ -181,8 +230,16 @@ async def request_dial_back(stream: Stream, addrs: list[str]) -> list[str]:
     await write_msg(stream, {"t": "dialback", "addrs": addrs})
     reply = await read_msg(stream, 64 * 1024)
     if not isinstance(reply, dict) or not reply.get("ok") or not isinstance(reply.get("reachable"), list):
-        raise PeerUnreachableError(f"{stream.remote_peer} did not answer the dial-back request")
-    return [a for a in reply["reachable"] if isinstance(a, str)]
+        reason = reply.get("error") if isinstance(reply, dict) else None
+        raise PeerUnreachableError(f"{stream.remote_peer} did not answer the dial-back request: {reason}")
+    reachable = [a for a in reply["reachable"] if isinstance(a, str)]
+    if not reachable and reply.get("refused"):
+        # It would not dial what it cannot tell is ours (another interface than the one we reached it from):
+        # no verdict, rather than "unreachable".
+        raise PeerUnreachableError(
+            f"{stream.remote_peer} cannot check these addresses from where we reached it"
+        )
+    return reachable
 
 
 async def request_circuit(stream: Stream, target: PeerId) -> None:
@@ -197,15 +254,30 @@ async def request_circuit(stream: Stream, target: PeerId) -> None:
 class RelayService:
     """Both roles of /otela/relay/1 on one host: relay for others (when public) and accept relayed dials."""
 
-    def __init__(self, host: Any, *, serve: bool, max_reservations: int, max_circuits: int) -> None:
+    def __init__(
+        self,
+        host: Any,
+        *,
+        serve: bool,
+        max_reservations: int,
+        max_circuits: int,
+        dial_back_limit: int = 4,
+        dial_back_window: float = 60.0,
+    ) -> None:
         self.host = host
         self.serve = serve
         self.max_reservations = max_reservations
         self.max_circuits = max_circuits
+        self.dial_back_limit = dial_back_limit
+        self.dial_back_window = dial_back_window
         self.reservations: set[PeerId] = set()
         self.circuits = 0
         self.relayed_in = 0
         self.relayed_out = 0
+        self.dial_backs = 0
+        self.dial_back_refused = 0  # addresses not dialled: not the asker's own
+        self.dial_back_rate_limited = 0
+        self._dial_back_times: dict[PeerId, deque[float]] = {}
         host.on_peer_disconnected(self.reservations.discard)
 
     def __repr__(self) -> str:
@@ -218,6 +290,9 @@ class RelayService:
             "circuits": self.circuits,
             "relayed_in": self.relayed_in,
             "relayed_out": self.relayed_out,
+            "dial_backs": self.dial_backs,
+            "dial_back_refused": self.dial_back_refused,
+            "dial_back_rate_limited": self.dial_back_rate_limited,
         }
 
     async def rpc_relay(self, stream: Stream) -> None:
@@ -233,20 +308,55 @@ class RelayService:
             self.relayed_in += 1
             await self.host.accept_relayed(stream, str(msg.get("from", "")))
         elif kind == "dialback":
-            await write_msg(stream, {"ok": True, "reachable": await self._dial_back(msg.get("addrs"))})
+            if self._dial_back_allowed(stream.remote_peer):
+                reachable, refused = await self._dial_back(stream.remote_peer, msg.get("addrs"))
+                await write_msg(stream, {"ok": True, "reachable": reachable, "refused": refused})
+            else:
+                await write_msg(stream, {"ok": False, "error": "too many dial-back requests; try later"})
         else:
             await write_msg(stream, {"ok": False, "error": f"unknown relay message {kind!r}"})
 
-    async def _dial_back(self, addrs: Any) -> list[str]:
-        """Which of `addrs` accept a new TCP connection from here (the asker learns if it is reachable)."""
+    def _dial_back_allowed(self, peer: PeerId) -> bool:
+        """Count a dial-back request of `peer` against its limit; False when it is over."""
+        now = time.monotonic()
+        times = self._dial_back_times.setdefault(peer, deque())
+        while times and times[0] < now - self.dial_back_window:
+            times.popleft()
+        for other in [p for p, t in self._dial_back_times.items() if not t and p != peer]:
+            del self._dial_back_times[other]
+        if len(times) >= self.dial_back_limit:
+            self.dial_back_rate_limited += 1
+            logger.warning("refused a dial-back request: over the limit", extra={"peer_id": peer})
+            return False
+        times.append(now)
+        return True
+
+    async def _dial_back(self, peer: PeerId, addrs: Any) -> tuple[list[str], list[str]]:
+        """Which of `addrs` accept a new TCP connection from here, and which were refused as not the asker's."""
         if not isinstance(addrs, list):
-            return []
+            return [], []
+        self.dial_backs += 1
+        asker = self.host.remote_ip(peer)
+        loop = asyncio.get_running_loop()
+
+        refused: list[str] = []
 
         async def accepts(addr: str) -> bool:
             try:
                 host, port, _ = parse_addr(addr)
                 async with asyncio.timeout(DIAL_BACK_TIMEOUT):
-                    _, writer = await asyncio.open_connection(host, port)
+                    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+                    ips = [str(info[4][0]) for info in infos]
+                    own = next((ip for ip in ips if asker is not None and owns_address(ip, asker)), None)
+                    if own is None:
+                        self.dial_back_refused += 1
+                        refused.append(addr)
+                        logger.info(
+                            "refused to dial back an address that is not the asker's",
+                            extra={"peer_id": peer, "addr": addr},
+                        )
+                        return False
+                    _, writer = await asyncio.open_connection(own, port)  # the checked IP, not a re-resolve
             except (OSError, ValueError, TimeoutError):
                 return False
             writer.close()
@@ -256,7 +366,7 @@ class RelayService:
 
         candidates = [a for a in addrs[:8] if isinstance(a, str) and not is_circuit(a)]
         results = await asyncio.gather(*(accepts(a) for a in candidates))
-        return [a for a, ok in zip(candidates, results, strict=True) if ok]
+        return [a for a, ok in zip(candidates, results, strict=True) if ok], refused
 
     async def _reserve(self, stream: Stream) -> None:
         peer = stream.remote_peer

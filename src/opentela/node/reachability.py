@@ -89,7 +89,11 @@ class NodeReachability:
             await self.reserve_relays()
 
     async def detect(self, peers: list[PeerId], addrs: Sequence[str]) -> None:
-        """Ask a bootstrap peer to dial our advertised addresses; if none answers, behave as a private node."""
+        """Ask a bootstrap peer to dial our advertised addresses; if none answers, behave as a private node.
+
+        A peer dials back only addresses it can tell are ours (fabric/relay.py) and only a few times a minute;
+        one that refuses, or cannot check any of them, gives no verdict and the next peer is asked.
+        """
         addrs = list(addrs)
         for peer in peers:
             try:

@@ -61,6 +61,32 @@ class RegistryConfig:
     max_piggyback: int = field(
         default=6, metadata={"help": "Membership updates carried by one probe message."}
     )
+    eviction_quorum: int = field(
+        default=3,
+        metadata={
+            "help": "Distinct members whose evictions of a session make this node merge them even though its "
+            "own probes still reach that session; below that, an eviction waits for this node's own evidence "
+            "(1: any member's eviction merges at once, the behaviour before evidence was required)."
+        },
+    )
+    eviction_hold: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds an eviction without evidence is held and re-checked (a failed probe of ours or a "
+            "quorum merges it) before it is refused."
+        },
+    )
+    eviction_signer_limit: int = field(
+        default=6,
+        metadata={
+            "help": "Evictions without evidence one member may have this node hold per eviction_signer_window; "
+            "more are dropped unexamined and counted."
+        },
+    )
+    eviction_signer_window: float = field(
+        default=60.0,
+        metadata={"help": "Seconds over which eviction_signer_limit counts a signer's evictions."},
+    )
     left_retention: float = field(
         default=DAY,
         metadata={
@@ -102,6 +128,8 @@ class RegistryConfig:
             "refresh_interval",
             "gc_interval",
             "gossip_timeout",
+            "eviction_hold",
+            "eviction_signer_window",
         )
         for name in positive:
             if not getattr(self, name) > 0:
@@ -110,6 +138,8 @@ class RegistryConfig:
             raise ConfigError("[registry] local_health_limit must be >= 0")
         if self.indirect_probes < 0 or self.retransmit_mult < 1 or self.max_piggyback < 1:
             raise ConfigError("[registry] indirect_probes >= 0, retransmit_mult >= 1 and max_piggyback >= 1")
+        if self.eviction_quorum < 1 or self.eviction_signer_limit < 1:
+            raise ConfigError("[registry] eviction_quorum and eviction_signer_limit must be at least 1")
         if self.tombstone_retention <= self.left_retention:
             raise ConfigError("[registry] tombstone_retention must be longer than left_retention")
         if self.refresh_interval * 2 > self.tombstone_retention:

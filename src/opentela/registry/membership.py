@@ -4,6 +4,11 @@ Messages (msgpack maps, one request and one answer per stream; "u" is an optiona
 membership updates [status, session, incarnation]):
   ping      {"p": target session, "u"}          -> {"a": incarnation, "u"}   or {"x": 1} (not that session)
   ping-req  {"r": target session, "w": peer id, "u"} -> {"a": incarnation}  or {"f": 1} (no answer either)
+  evicted?  {"q": session}                      -> {"l": 1} when our replica holds that session LEFT, else {"l": 0}
+
+Evictions signed by other members merge only with evidence (evictions.py): this node's own failed probe of the
+session, a quorum of distinct signers, or, for our own session, a stall of our own loop or enough peers saying
+(evicted?) that their replicas already hold it LEFT.
 
 Routing exclusion is the union of SWIM suspicion (all probe paths failed, spread to everyone) and a local,
 transport-level mark (our connection dropped or a request failed) that lasts until we hear from the peer again
@@ -26,6 +31,7 @@ from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.registry._config import RegistryConfig
+from opentela.registry.evictions import EvictionEvidence, Outcome
 from opentela.registry.local_health import LocalHealth, LoopLag
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
@@ -34,6 +40,7 @@ from opentela.registry.swim import Member, Status, SwimState, Update
 logger = logging.getLogger(__name__)
 
 MAX_PROBE_MESSAGE = 4096
+EVICTION_QUERY_FANOUT = 8  # peers asked whether they hold our session LEFT
 NOT_THAT_SESSION = -1
 
 
@@ -66,6 +73,17 @@ class Membership:
         self.unreachable: dict[PeerId, str] = {}
         self.last_seen: dict[PeerId, float] = {}
         self._probing: set[SessionId] = set()
+        self._releasing: set[SessionId] = set()
+        self._asking: set[SessionId] = set()
+        self._silent: dict[SessionId, float] = {}  # sessions whose latest probe by us failed, and when
+        self._confirmed: dict[SessionId, set[PeerId]] = {}  # peers whose replicas hold our session LEFT
+        self.evidence = EvictionEvidence(
+            quorum=self.config.eviction_quorum,
+            hold=self.config.eviction_hold,
+            signer_limit=self.config.eviction_signer_limit,
+            signer_window=self.config.eviction_signer_window,
+            clock=clock,
+        )
         self._tasks = TaskSet("swim")
         self._closed = False
         self.counters: dict[str, int] = {
@@ -77,6 +95,11 @@ class Membership:
             "refutations": 0,
             "evictions": 0,
             "evictions_held": 0,
+            "evictions_unconfirmed": 0,
+            "evictions_confirmed": 0,
+            "evictions_quorum": 0,
+            "evictions_refused": 0,
+            "evictions_rate_limited": 0,
         }
 
     def __repr__(self) -> str:
@@ -89,9 +112,10 @@ class Membership:
         self.host.on_peer_disconnected(lambda peer: self.suspect(peer, "connection lost"))
         self.host.on_peer_connected(self.confirm_alive)
         self.swim.on_change(self._on_member_change)
+        self.registry.eviction_check = self.check_eviction
         self._spawn(self._probe_loop(), "swim-probe-loop")
-        if self.config.local_health_limit:
-            self._spawn(self.loop_lag.run(), "swim-loop-lag")
+        # Sampled even without local health: a stall of our own loop is evidence for an eviction of us.
+        self._spawn(self.loop_lag.run(), "swim-loop-lag")
 
     async def aclose(self) -> None:
         """Stop probing."""
@@ -169,6 +193,12 @@ class Membership:
         known = {m.peer for m in self.swim.members.values()}
         for peer in [p for p in self.unreachable if p not in known]:
             del self.unreachable[peer]
+        for session in [s for s in self._silent if s not in self.swim.members]:
+            del self._silent[session]
+        self._recheck_evictions()
+        held = set(self.evidence.sessions())
+        for session in [s for s in self._confirmed if s not in held]:
+            del self._confirmed[session]
         written = []
         now = self.clock()
         for member in self.swim.due_evictions(now):
@@ -207,12 +237,19 @@ class Membership:
 
     async def _ping_only(self, member: Member) -> None:
         self._probing.add(member.session)
+        started = self.loop_lag.clock()
         try:
             answer = await self.call_ping(member)
         finally:
             self._probing.discard(member.session)
         if answer is not None and answer >= 0:
+            self._silent.pop(member.session, None)
             self.swim.acked(member.session, answer, self.clock())
+        elif not self._stalled_since(started):
+            self._record_silence(member)
+
+    def _record_silence(self, member: Member) -> None:
+        self._silent[member.session] = self.clock()
 
     async def probe(self, member: Member) -> bool:
         """Probe one session: directly, then through helpers; suspect it when every path fails."""
@@ -230,8 +267,10 @@ class Membership:
                 return False
             if answer is None or answer == NOT_THAT_SESSION:
                 self.counters["probes_failed"] += 1
+                self._record_silence(member)
                 self.swim.probe_failed(member.session, now)
                 return False
+            self._silent.pop(member.session, None)
             self.swim.acked(member.session, answer, now)
             self.health.improve()
             return True
@@ -264,6 +303,141 @@ class Membership:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
         return None
+
+    # --- evictions signed by others ----------------------------------------------------------------------
+    def check_eviction(self, record: NodeRecord) -> bool:
+        """Whether another member's eviction may merge now (Registry.eviction_check); otherwise it is held.
+
+        It may when the session is not live here (nothing to protect), when our own latest probe of it failed,
+        or when a quorum of distinct members evicted it. An eviction of our own session needs evidence too: our
+        event loop stalled for half the suspicion timeout, or enough peers sign it or say they hold it LEFT.
+        """
+        session = record.session_id
+        if session in self._releasing:
+            return True
+        own = session == self.registry.session_id
+        if not own and not self._is_live_here(record):
+            self.evidence.take(session)
+            return True
+        if self._has_evidence(record, own):
+            # This one merges; any other held eviction of the session is redundant (LEFT is terminal).
+            self.counters["evictions_confirmed"] += 1
+            self.evidence.take(session)
+            return True
+        outcome = self.evidence.hold(record)
+        if outcome is Outcome.RATE_LIMITED:
+            self.counters["evictions_rate_limited"] += 1
+            logger.warning(
+                "dropped an eviction: its signer sends too many without evidence",
+                extra={"session": session[:12], "signer": record.signer},
+            )
+            return False
+        if outcome in (Outcome.KNOWN, Outcome.FULL):
+            return False
+        if self.evidence.has_quorum(session):
+            self.counters["evictions_quorum"] += 1
+            self.evidence.take(session)
+            return True
+        if outcome is Outcome.HELD:
+            self.counters["evictions_unconfirmed"] += 1
+            logger.info(
+                "holding an eviction of a session this node still reaches",
+                extra={"session": session[:12], "signer": record.signer, "reason": record.reason},
+            )
+        if own and session not in self._asking:
+            self._spawn(self._ask_about_us(session), "swim-eviction-query")
+        elif not own and session not in self._probing:
+            member = self.swim.members.get(session) or Member(session, record.peer_id)
+            self._spawn(self._probe_held(member), "swim-eviction-probe")
+        return False
+
+    def _is_live_here(self, record: NodeRecord) -> bool:
+        current = self.registry.get(record.session_id)
+        if current is None:
+            # Unknown here: protect it only when its node is connected to us (a fresh joiner's first session).
+            return record.peer_id in self.host.connected_peers()
+        return current.lifecycle <= Lifecycle.SERVING
+
+    def _has_evidence(self, record: NodeRecord, own: bool) -> bool:
+        """Our own reason to believe `record`'s session is gone (its held quorum aside)."""
+        now = self.clock()
+        if own:
+            stall = self.loop_lag.worst_since(now - self.config.eviction_hold)
+            if stall >= self.config.suspicion_timeout / 2:
+                # We stalled too long to refute a suspicion: the others rightly gave up on us.
+                logger.info("our event loop stalled %.1f s: taking the eviction of our session", stall)
+                return True
+            # The mesh merged it: enough peers (signers, or replicas that hold it LEFT) of those we know, so
+            # that one member alone, signing and confirming, is never enough where there is anyone else.
+            signers = self.evidence.signers(record.session_id) | {record.signer}
+            support = signers | self._confirmed.get(record.session_id, set())
+            peers = set(self._live_sessions().values()) - {self.host.peer_id} | signers
+            return len(support) >= min(self.config.eviction_quorum, len(peers))
+        member = self.swim.members.get(record.session_id)
+        if member is not None and member.status is Status.SUSPECT and member.witnessed:
+            return True
+        failed_at = self._silent.get(record.session_id)
+        return failed_at is not None and now - failed_at <= self.config.eviction_hold
+
+    async def _ask_about_us(self, session: SessionId) -> None:
+        """Ask live peers whether their replicas hold our session LEFT; then re-check the held evictions."""
+        self._asking.add(session)
+        try:
+            by_peer = {
+                p: sid
+                for sid, p in self._live_sessions().items()
+                if p != self.host.peer_id and not self.swim.is_suspected(sid)
+            }
+            asked = self._rng.sample(sorted(by_peer), min(len(by_peer), EVICTION_QUERY_FANOUT))
+            query = {"q": session}
+            answers = await asyncio.gather(
+                *(self._exchange(p, by_peer[p], query, self.config.indirect_timeout) for p in asked)
+            )
+            yes = {
+                p
+                for p, reply in zip(asked, answers, strict=True)
+                if reply is not None and reply.get("l") == 1
+            }
+            if yes:
+                self._confirmed.setdefault(session, set()).update(yes)
+        finally:
+            self._asking.discard(session)
+        self._recheck_evictions()
+
+    async def _probe_held(self, member: Member) -> None:
+        """Probe a session that another member evicted; merge the held evictions if it fails here too."""
+        if member.session in self.swim.members:
+            await self.probe(member)
+        else:
+            await self._ping_only(member)
+        self._recheck_evictions()
+
+    def _recheck_evictions(self) -> None:
+        """Merge held evictions that now have evidence, drop moot ones, refuse those held too long."""
+        for record in self.evidence.expire():
+            self.counters["evictions_refused"] += 1
+            logger.info(
+                "refused an eviction: this node still reaches the session",
+                extra={"session": record.session_id[:12], "signer": record.signer},
+            )
+        for session in self.evidence.sessions():
+            held = self.evidence.held(session)
+            latest = max(held, key=lambda r: r.rank)
+            own = session == self.registry.session_id
+            if not own and not self._is_live_here(latest):
+                self.evidence.take(session)
+            elif self._has_evidence(latest, own):
+                self.counters["evictions_confirmed"] += 1
+                self._release(session)
+
+    def _release(self, session: SessionId) -> None:
+        """Merge the held evictions of `session`, past the check (we hold evidence for them now)."""
+        held = self.evidence.take(session)
+        self._releasing.add(session)
+        try:
+            self.registry.apply_remote(held)
+        finally:
+            self._releasing.discard(session)
 
     # --- calls --------------------------------------------------------------------------------------------
     def _addrs_of(self, session: SessionId) -> tuple[str, ...]:
@@ -355,6 +529,9 @@ class Membership:
         await stream.aclose()
 
     async def _answer_probe(self, msg: dict[str, Any]) -> dict[str, Any] | None:
+        if "q" in msg:
+            held = self.registry.get(msg["q"]) if isinstance(msg["q"], str) else None
+            return {"l": int(held is not None and held.lifecycle is Lifecycle.LEFT)}
         if "p" in msg:
             return {"a": self.swim.incarnation} if msg["p"] == self.swim.session else {"x": 1}
         target, peer = msg.get("r"), msg.get("w")
@@ -417,6 +594,7 @@ class Membership:
             "members": len(self.swim.members),
             "suspected": len(self.swim.suspected()),
             "pending_news": self.swim.pending_news(),
+            "evictions_pending": len(self.evidence),
             "local_health": self.health.score,
             "loop_lag_s": round(self.loop_lag.worst_since(self.loop_lag.clock() - self.loop_lag.window), 3),
         }

@@ -26,6 +26,9 @@ ChangeListener = Callable[[NodeRecord, bool], None]
 EvictionListener = Callable[[NodeRecord, NodeRecord], object]
 """Called with (our record before, the eviction) when another member evicted our session; its result is unused."""
 
+EvictionCheck = Callable[[NodeRecord], bool]
+"""Decides whether a verified eviction signed by another member may merge now (False: held or dropped)."""
+
 
 class Registry:
     """A full local replica of the mesh's registry; every read is local."""
@@ -53,6 +56,8 @@ class Registry:
         self.last_own: NodeRecord | None = None
         """The latest record we signed for our current session (an eviction may have replaced it in the map)."""
         self.counters: Counter[str] = Counter()
+        self.eviction_check: EvictionCheck | None = None
+        """Set by the membership layer: evictions of live sessions merge only with evidence (membership.py)."""
         self.session_id = local.session_id
         if local.membership != self.admission.proof:
             local = dataclasses.replace(local, membership=self.admission.proof)  # re-signed just below
@@ -181,6 +186,8 @@ class Registry:
                     extra={"session": record.session_id[:12], "signer": record.signer},
                 )
                 continue
+            if record.signer != record.peer_id and self.eviction_check and not self.eviction_check(record):
+                continue  # held until this node has evidence of its own, or dropped; counted by the check
             before = self.local if record.session_id == self.session_id else None
             if self._apply(record, local=False):
                 changed.append(record)
