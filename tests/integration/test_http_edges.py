@@ -4,10 +4,8 @@ tokens are written readable by their owner only."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from opentela.cli.localmesh import OTELA, LocalMesh
+from slow_clients import idle_client, slow_header_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 
@@ -33,56 +32,6 @@ async def ingress(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     async with LocalMesh(tmp_path_factory.mktemp("http-edges")) as mesh:
         await mesh.start_ingress(env=env)
         yield mesh
-
-
-async def slow_header_client(port: int, interval: float, give_up: float) -> float | None:
-    """Send a request head one byte every `interval` seconds; seconds until the server closed, None if it
-    never did within `give_up`."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    started = time.monotonic()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 1000
-
-    async def trickle() -> None:
-        with contextlib.suppress(ConnectionError):
-            for byte in head:
-                writer.write(bytes([byte]))
-                await writer.drain()
-                await asyncio.sleep(interval)
-
-    sender = asyncio.create_task(trickle())
-    try:
-        await asyncio.wait_for(reader.read(), give_up)  # returns once the server closes the connection
-        return time.monotonic() - started
-    except ConnectionError:
-        return time.monotonic() - started
-    except TimeoutError:
-        return None
-    finally:
-        sender.cancel()
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-
-
-async def idle_client(port: int, give_up: float, *, after_request: bool) -> float | None:
-    """Connect (and optionally complete one request), then stay silent: seconds until the server closed."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        if after_request:
-            writer.write(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
-            await writer.drain()
-            await reader.readuntil(b"\r\n\r\n")
-        started = time.monotonic()
-        try:
-            while await asyncio.wait_for(reader.read(65536), give_up):
-                pass
-        except ConnectionError:
-            pass
-        except TimeoutError:
-            return None
-        return time.monotonic() - started
-    finally:
-        writer.close()
 
 
 def port_of(mesh: LocalMesh) -> int:
@@ -114,7 +63,9 @@ async def test_a_keepalive_client_is_served_across_requests(ingress: LocalMesh) 
         for _ in range(3):
             async with http.get(ingress.api + "/health") as r:
                 assert r.status == 200
-            await asyncio.sleep(HEADER_TIMEOUT + 0.5)  # idle longer than the header deadline, within keep-alive
+            await asyncio.sleep(
+                HEADER_TIMEOUT + 0.5
+            )  # idle longer than the header deadline, within keep-alive
 
 
 @pytest.mark.parametrize(
