@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -145,7 +146,8 @@ class Frontend:
             proxy_headers=False,
             server_header=False,
             http=head_deadline_protocol(self.state.config.header_timeout),
-            timeout_keep_alive=self.state.config.keepalive_timeout,
+            # uvicorn takes whole seconds; rounding up never closes a connection earlier than configured.
+            timeout_keep_alive=max(1, math.ceil(self.state.config.keepalive_timeout)),
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="frontend-http")
