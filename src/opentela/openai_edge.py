@@ -79,14 +79,17 @@ MAX_JSON_DEPTH = 128
 
 
 def _too_deep(value: Any, limit: int) -> bool:
-    # Iterative: a recursive walk of a hostile body would itself run out of stack.
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    # Level by level, without recursion: a recursive walk of a hostile body would itself run out of stack.
+    level, depth = [value], 1
+    while level:
         if depth > limit:
             return True
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+        deeper = []
+        for node in level:
+            for child in node.values() if type(node) is dict else node:
+                if type(child) is dict or type(child) is list:
+                    deeper.append(child)
+        level, depth = deeper, depth + 1
     return False
 
 
