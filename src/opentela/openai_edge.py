@@ -74,16 +74,41 @@ _POSITIVE_INTS = ("max_tokens", "max_completion_tokens", "n")
 _NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
+MAX_JSON_DEPTH = 128
+"""Deepest nesting of arrays and objects a body may have; OpenAI bodies (tool schemas included) stay far below."""
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    # Level by level, without recursion: a recursive walk of a hostile body would itself run out of stack.
+    level, depth = [value], 1
+    while level:
+        if depth > limit:
+            return True
+        deeper = []
+        for node in level:
+            for child in node.values() if type(node) is dict else node:
+                if type(child) is dict or type(child) is list:
+                    deeper.append(child)
+        level, depth = deeper, depth + 1
+    return False
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says what is wrong."""
+    """The body as a JSON object, or a 400 that says what is wrong (never a 500, whatever the bytes)."""
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise InvalidRequestError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        # ValueError covers JSONDecodeError and integers past Python's digit limit (4,300 by default).
         if not raw.strip():
             raise InvalidRequestError("the request body is empty; send a JSON object") from None
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequestError("request body must be a JSON object")
+    # Counting brackets is one fast pass in C; only a body with that many containers can be too deep.
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
+        raise InvalidRequestError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels")
     return body
 
 

@@ -129,6 +129,10 @@ async def test_ingress_with_frontend_in_one_process(tmp_path: Path) -> None:
             ) as r:
                 assert r.status == 201
             async with session.get(f"http://127.0.0.1:{front}/api/mesh/health") as r:
+                assert r.status == 401  # the mesh views need a key or the admin token
+            async with session.get(
+                f"http://127.0.0.1:{front}/api/mesh/health", headers={"Authorization": f"Bearer {token}"}
+            ) as r:
                 assert (await r.json())["status"] == "ok"
         # `otela keys` through the running frontend's admin API, with the admin token as the credential.
         remote = ("keys", "--frontend", f"http://127.0.0.1:{front}", "--json")

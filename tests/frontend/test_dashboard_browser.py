@@ -55,6 +55,10 @@ def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
+# The dashboard's Content-Security-Policy forbids eval, so every wait_for_function predicate is a function
+# (Playwright calls those directly) rather than an expression string (which it would eval).
+
+
 async def _snap(page, shots: Path, name: str) -> None:
     path = shots / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
@@ -67,12 +71,17 @@ async def _snap(page, shots: Path, name: str) -> None:
 async def test_catalog_and_node_map_show_the_demo_mesh(
     site: Frontend, browser, shots: Path, device: str, viewport: dict
 ) -> None:
+    _, secret = await site.state.keys.create(KeySettings(name=f"viewer-{device}"))
     page = await browser.new_page(viewport=viewport)
     await page.goto(site.url + "/")
+    # The node map is for key holders: without a key the page asks for one instead of showing the mesh.
+    await page.locator("#models .needs-key").wait_for()
+    await page.fill("#key-input", secret)
+    await page.click("#key-save")
     card = page.locator(f'.model-card[data-model="{MODEL_ID}"]')
     await card.wait_for()
     await page.wait_for_function(
-        "document.querySelectorAll('.model-card .replica').length >= 2", timeout=30_000
+        "() => document.querySelectorAll('.model-card .replica').length >= 2", timeout=30_000
     )
     text = await card.inner_text()
     assert "2 of 2 replicas healthy" in text
@@ -83,7 +92,7 @@ async def test_catalog_and_node_map_show_the_demo_mesh(
     await _snap(page, shots, f"{device}-models")
     await page.click("#tab-nodes")
     await page.wait_for_function(
-        "document.querySelectorAll('#nodes tr[data-peer]').length >= 3", timeout=30_000
+        "() => document.querySelectorAll('#nodes tr[data-peer]').length >= 3", timeout=30_000
     )
     rows = page.locator("#nodes tr[data-peer]")
     by_provider = {}
@@ -107,7 +116,9 @@ async def test_admin_creates_and_revokes_a_key(site: Frontend, browser, shots: P
     await page.goto(site.url + "/#keys")
     await page.fill("#admin-token", "otela-admin-wrong")
     await page.click("#admin-save")
-    await page.wait_for_function("document.querySelector('#admin-status').textContent.includes('refused')")
+    await page.wait_for_function(
+        "() => document.querySelector('#admin-status').textContent.includes('refused')"
+    )
     await page.fill("#admin-token", ADMIN_TOKEN)
     await page.click("#admin-save")
     await page.locator("#create-key-form").wait_for()
@@ -123,7 +134,7 @@ async def test_admin_creates_and_revokes_a_key(site: Frontend, browser, shots: P
     key = await site.state.keys.authenticate(secret)
     await row.locator(".revoke-btn").click()
     await page.wait_for_function(
-        "document.querySelector('.key-row[data-name=\"browser-user\"]').innerText.includes('revoked')"
+        "() => document.querySelector('.key-row[data-name=\"browser-user\"]').innerText.includes('revoked')"
     )
     async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as http:
         async with http.get(site.url + "/v1/models") as r:
@@ -141,8 +152,8 @@ async def test_playground_streams_a_real_answer(
     await page.goto(site.url + "/#playground")
     await page.fill("#key-input", secret)
     await page.click("#key-save")
-    await page.wait_for_function("document.querySelector('#key-status').textContent.includes('active')")
-    await page.wait_for_function(f"document.querySelector('#chat-model').value === '{MODEL_ID}'")
+    await page.wait_for_function("() => document.querySelector('#key-status').textContent.includes('active')")
+    await page.wait_for_function(f"() => document.querySelector('#chat-model').value === '{MODEL_ID}'")
     # Count how often the answer grows: a streamed answer arrives in several updates, not in one piece.
     await page.evaluate(
         """() => { window.__updates = 0; new MutationObserver(() => window.__updates++).observe(
@@ -152,7 +163,7 @@ async def test_playground_streams_a_real_answer(
     await page.fill("#chat-input", "What is the capital of France?")
     await page.press("#chat-input", "Enter")
     await page.wait_for_function(
-        "document.querySelector('#chat-meta').textContent.includes('tokens')", timeout=90_000
+        "() => document.querySelector('#chat-meta').textContent.includes('tokens')", timeout=90_000
     )
     answer = await page.locator(".msg.assistant").last.inner_text()
     meta = await page.locator("#chat-meta").inner_text()
@@ -164,7 +175,9 @@ async def test_playground_streams_a_real_answer(
     await _snap(page, shots, f"{device}-playground")
     await page.click("#tab-usage")
     await page.locator("#usage-chart svg").wait_for()
-    await page.wait_for_function("document.querySelectorAll('#usage-rows tbody tr .badge.ok').length >= 1")
+    await page.wait_for_function(
+        "() => document.querySelectorAll('#usage-rows tbody tr .badge.ok').length >= 1"
+    )
     await _snap(page, shots, f"{device}-usage")
     await page.close()
 

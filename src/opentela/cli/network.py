@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import re
 import sys
 import time
@@ -54,16 +55,36 @@ def parse_expiry(text: str, now: float | None = None) -> int:
     return expires
 
 
+def write_secret(path: Path, text: str) -> None:
+    """Write `text` to `path` readable by its owner only (0600, also when the file existed), never via a link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(fd, 0o600)  # O_CREAT's mode applies only to a new file
+        f.write(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The actions of `otela network`."""
     actions = parser.add_subparsers(dest="network_cmd", required=True, metavar="ACTION")
     init = actions.add_parser("init", help="create a network key (prints the network id)")
     init.add_argument("--out", metavar="FILE", help=f"key file to create (default {default_key_path()})")
-    issue = actions.add_parser("issue", help="issue a join token for a provider (prints the token)")
+    issue = actions.add_parser(
+        "issue",
+        help="issue a join token for a provider (prints it; --out FILE writes it readable by you only)",
+        description="Issue a join token. A token admits its holder to the network: prefer --out FILE, which "
+        "creates the file with mode 0600, over redirecting standard output (the shell creates that file "
+        "readable by everyone, 0644 under the usual umask).",
+    )
     issue.add_argument("--key", metavar="FILE", help=f"network key file (default {default_key_path()})")
     issue.add_argument("--provider", required=True, metavar="ID", help="provider id the token admits")
     issue.add_argument(
         "--expires", default="30d", metavar="WHEN", help="30d, 12h, an ISO time, or never (default 30d)"
+    )
+    issue.add_argument(
+        "--out", metavar="FILE", help="write the token to FILE (mode 0600) instead of standard output"
     )
     show = actions.add_parser("show-token", help="decode and verify a join token (never prints its secret)")
     show.add_argument("token", metavar="TOKEN", help="the token, or - to read it from standard input")
@@ -87,7 +108,11 @@ def run(args: argparse.Namespace) -> int:
             f"expires {claims['expires_at']}, token id {claims['token_id']}",
             file=sys.stderr,
         )
-        print(token.encode())
+        if args.out:
+            write_secret(Path(args.out), token.encode() + "\n")
+            print(f"token written to {args.out} (mode 0600)", file=sys.stderr)
+        else:
+            print(token.encode())
         return 0
     text = sys.stdin.read() if args.token == "-" else args.token
     try:

@@ -15,7 +15,7 @@ Scope = dict[str, Any]
 
 class AccessLogMiddleware:
     """Gives every request an id (the client's sane X-Request-Id, else a fresh one), returns it as
-    X-Otela-Request-Id, and logs method, path, status, duration, key prefix and serving node."""
+    X-Otela-Request-Id, and logs method, path, status, duration and serving node."""
 
     def __init__(self, app: Any) -> None:
         self.app = app

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import logging
+import re
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
@@ -26,6 +30,67 @@ Management endpoints under `/admin` need the admin token. Errors use the OpenAI 
 """
 
 
+# The dashboard loads only its own script, style sheet and icon, and talks only to this origin.
+DASHBOARD_CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = (
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+def _docs_csp(page: str) -> str:
+    """The policy of the API reference: Swagger UI starts from one inline script, allowed by its hash."""
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
+        for body in re.findall(r"<script>(.*?)</script>", page, flags=re.S)
+    )
+    # Swagger UI sets inline style attributes in the markup it renders; styles cannot run code.
+    return (
+        f"default-src 'self'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    )
+
+
+class SecurityHeadersMiddleware:
+    """Adds a Content-Security-Policy, X-Frame-Options DENY, nosniff and Referrer-Policy to every answer
+    (ASGI, so streamed answers pass through untouched)."""
+
+    def __init__(self, app: Any, docs_csp: str) -> None:
+        self.app, self.docs_csp = app, docs_csp.encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        csp = self.docs_csp if scope.get("path") == "/docs" else DASHBOARD_CSP.encode()
+
+        async def send_with_headers(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    *(message.get("headers") or ()),
+                    *SECURITY_HEADERS,
+                    (b"content-security-policy", csp),
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _docs_page() -> HTMLResponse:
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="OpenTela frontend API",
+        swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+        swagger_css_url="/docs-assets/swagger-ui.css",
+        swagger_favicon_url="/static/favicon.svg",
+    )
+
+
 def create_app(state: FrontendState) -> FastAPI:
     """The application over shared `state`."""
     # The API reference is served from a packaged Swagger UI: the dashboard must work with no internet access.
@@ -33,6 +98,7 @@ def create_app(state: FrontendState) -> FastAPI:
         title="OpenTela frontend", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None
     )
     app.state.frontend = state
+    app.add_middleware(SecurityHeadersMiddleware, docs_csp=_docs_csp(bytes(_docs_page().body).decode()))
     app.add_middleware(AccessLogMiddleware)
     install_error_handlers(app)
     app.include_router(openai.router)
@@ -43,12 +109,6 @@ def create_app(state: FrontendState) -> FastAPI:
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json",
-            title="OpenTela frontend API",
-            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-            swagger_css_url="/docs-assets/swagger-ui.css",
-            swagger_favicon_url="/static/favicon.svg",
-        )
+        return _docs_page()
 
     return app

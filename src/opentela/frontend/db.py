@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +53,35 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def _make_parent(path: str) -> None:
-    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+_SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
+
+
+def _private_sqlite_file(path: str) -> None:
+    """Create the database file 0600 (in a 0700 directory when we create that too) before SQLite opens it.
+
+    SQLite creates its -wal and -shm files with the mode of the database file, so they follow. A file an older
+    version left readable by others is tightened, with a warning.
+    """
+    db = Path(path).expanduser()
+    if not db.parent.exists():
+        db.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        os.close(os.open(db, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    for file in (db, *(db.with_name(db.name + s) for s in _SQLITE_COMPANIONS)):
+        try:
+            mode = stat.S_IMODE(file.stat().st_mode)
+            if mode & 0o077:
+                file.chmod(mode & 0o700)
+                logger.warning(
+                    "%s was readable by other users (mode %o); it is now %o", file, mode, mode & 0o700
+                )
+        except FileNotFoundError:
+            continue
+        except PermissionError as exc:
+            logger.warning("%s is readable by other users and cannot be tightened: %s", file, exc)
 
 
 def _upgrade(connection: Connection) -> None:
@@ -88,7 +117,7 @@ class Database:
         kwargs: dict[str, Any] = {}
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
-                _make_parent(parsed.database)
+                _private_sqlite_file(parsed.database)
         else:
             kwargs["pool_pre_ping"] = True
         engine = create_async_engine(full, **kwargs)

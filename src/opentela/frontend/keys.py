@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
 import time
 import uuid
@@ -21,6 +22,8 @@ from opentela.frontend.schema import ApiKey
 KEY_SCHEME = "otela-"
 PREFIX_CHARS = len(KEY_SCHEME) + 8
 MAX_LIMIT = 2**62  # limits are 64-bit integers in the database
+MAX_EXPIRES_AT = 253402300799.0
+"""The last second of year 9999: the latest expiry a key may have (later ones cannot be rendered as dates)."""
 
 
 def new_secret() -> str:
@@ -70,36 +73,57 @@ class KeySettings:
                 raise InvalidRequestError(f"{name} must be between 0 and {MAX_LIMIT}", param=name)
         if len(self.name) > 200:
             raise InvalidRequestError("name is longer than 200 characters", param="name")
+        if self.expires_at is not None and not (
+            isinstance(self.expires_at, (int, float)) and 0 < self.expires_at <= MAX_EXPIRES_AT
+        ):
+            # NaN and infinity fail this too; they must never reach the database.
+            raise InvalidRequestError(
+                f"expires_at must be a Unix time between 0 and {MAX_EXPIRES_AT:.0f}", param="expires_at"
+            )
         return self
 
 
+def _time(value: Any) -> float | None:
+    # Rows written by older versions may hold NaN or infinity, which JSON cannot carry: show them as unset.
+    return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _names(value: Any) -> list[str] | None:
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
+
+
 def key_info(key: ApiKey, now: float | None = None) -> dict[str, Any]:
-    """A key as the API shows it: never the secret or its hash."""
+    """A key as the API shows it: never the secret or its hash. Renders any stored row, however odd."""
     now = time.time() if now is None else now
+    expires_at = _time(key.expires_at)
     if key.revoked_at is not None:
         state = "revoked"
-    elif key.expires_at is not None and key.expires_at <= now:
+    elif expires_at is not None and expires_at <= now:
         state = "expired"
     else:
         state = "active"
     return {
-        "id": key.id,
-        "name": key.name,
-        "prefix": key.prefix,
+        "id": str(key.id),
+        "name": str(key.name or ""),
+        "prefix": str(key.prefix or ""),
         "state": state,
-        "created_at": key.created_at,
-        "rotated_at": key.rotated_at,
-        "expires_at": key.expires_at,
-        "revoked_at": key.revoked_at,
-        "last_used_at": key.last_used_at,
-        "budget_tokens": key.budget_tokens,
-        "budget_requests": key.budget_requests,
-        "budget_period": key.budget_period,
-        "rpm_limit": key.rpm_limit,
-        "tpm_limit": key.tpm_limit,
-        "allowed_models": key.allowed_models,
-        "trusted_providers": key.trusted_providers,
-        "log_content": key.log_content,
+        "created_at": _time(key.created_at),
+        "rotated_at": _time(key.rotated_at),
+        "expires_at": expires_at,
+        "revoked_at": _time(key.revoked_at),
+        "last_used_at": _time(key.last_used_at),
+        "budget_tokens": _count(key.budget_tokens),
+        "budget_requests": _count(key.budget_requests),
+        "budget_period": str(key.budget_period or ""),
+        "rpm_limit": _count(key.rpm_limit),
+        "tpm_limit": _count(key.tpm_limit),
+        "allowed_models": _names(key.allowed_models),
+        "trusted_providers": _names(key.trusted_providers),
+        "log_content": bool(key.log_content),
     }
 
 
@@ -185,14 +209,17 @@ class KeyStore:
         async with self.db.session() as s:
             key = await s.scalar(select(ApiKey).where(ApiKey.secret_hash == hash_secret(secret)))
         if key is None:
-            raise AuthenticationError(f"invalid API key {visible_prefix(secret)}...: no such key")
+            # Never echo any part of what was sent: it may be a real secret with a typo, and errors are logged.
+            raise AuthenticationError("invalid API key: no such key")
         now = time.time() if now is None else now
         if key.revoked_at is not None:
-            raise KeyRevokedError(f"API key {key.prefix}... was revoked")
+            raise KeyRevokedError(f"API key {key.id} was revoked")
         if key.expires_at is not None and key.expires_at <= now:
-            raise KeyExpiredError(f"API key {key.prefix}... expired at {_iso(key.expires_at)}")
+            raise KeyExpiredError(f"API key {key.id} expired at {_iso(key.expires_at)}")
         return key
 
 
 def _iso(ts: float) -> str:
+    if not math.isfinite(ts) or not 0 <= ts <= MAX_EXPIRES_AT:
+        return "an unknown time"
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

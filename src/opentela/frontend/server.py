@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from opentela.frontend._config import FrontendConfig
 from opentela.frontend.app import create_app
@@ -38,6 +40,55 @@ def load_or_create_admin_token(path: Path) -> str:
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
     return token
+
+
+def head_deadline_protocol(header_timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with the two deadlines it lacks: a connection that sends nothing is closed after
+    the keep-alive timeout (uvicorn starts that timer only after a first response), and a request head must be
+    complete within `header_timeout` seconds of its first byte (uvicorn has no header deadline at all, so one
+    header byte a second would hold a connection forever)."""
+
+    class HeadDeadlineProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            # The same timer uvicorn arms after each response; any byte received cancels it.
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+
+        def _awaiting_head(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._awaiting_head():
+                self._disarm()
+            elif self._head_timer is None and not self.transport.is_closing():
+                self._head_timer = self.loop.call_later(header_timeout, self._head_overdue)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self._awaiting_head():  # a pipelined request's head was already complete
+                self._disarm()
+
+        def _head_overdue(self) -> None:
+            self._head_timer = None
+            if self._awaiting_head() and not self.transport.is_closing():
+                logger.debug("closing a connection whose request head took over %.0f s", header_timeout)
+                self.transport.close()
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeadDeadlineProtocol
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -94,6 +145,9 @@ class Frontend:
             timeout_graceful_shutdown=5,
             proxy_headers=False,
             server_header=False,
+            http=head_deadline_protocol(self.state.config.header_timeout),
+            # uvicorn takes whole seconds; rounding up never closes a connection earlier than configured.
+            timeout_keep_alive=max(1, math.ceil(self.state.config.keepalive_timeout)),
         )
         self._server = _EmbeddedServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="frontend-http")

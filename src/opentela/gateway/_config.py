@@ -69,3 +69,17 @@ class GatewayConfig:
             "help": "Add a Server-Timing header with the per-stage times of each request (benchmarks)."
         },
     )
+    header_timeout: float = field(
+        default=15.0,
+        metadata={
+            "help": "Seconds a client has to send a complete request head once its first byte arrived; "
+            "slower connections are closed (slow-header floods)."
+        },
+    )
+    keepalive_timeout: float = field(
+        default=75.0,
+        metadata={
+            "help": "Seconds an idle client connection stays open waiting for its next request (also from "
+            "connecting to the first request)."
+        },
+    )

@@ -10,7 +10,7 @@ from aiohttp import web
 from opentela import openai_edge as edge
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.access_log import GatewayAccessLogger
-from opentela.gateway.edge import edge_middleware
+from opentela.gateway.edge import EdgeRunner, edge_middleware
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.routes import infra
 from opentela.gateway.routes.inference import handle_inference
@@ -55,8 +55,13 @@ class Gateway:
 
     async def start(self, host: str, port: int) -> str:
         """Listen on host:port (0 picks a free port); returns the base URL."""
-        self._runner = web.AppRunner(
-            self.app, access_log=access_log, access_log_class=GatewayAccessLogger, handle_signals=False
+        self._runner = EdgeRunner(
+            self.app,
+            header_timeout=self.config.header_timeout,
+            keepalive_timeout=self.config.keepalive_timeout,
+            access_log=access_log,
+            access_log_class=GatewayAccessLogger,
+            handle_signals=False,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from aiohttp.web_protocol import RequestHandler
 
 from opentela import openai_edge as edge
 from opentela.errors import (
@@ -59,3 +62,80 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if not response.prepared:
         response.headers.setdefault(edge.RESPONSE_ID_HEADER, request_id)
     return response
+
+
+# --- connection deadlines -----------------------------------------------------------------------------------
+# aiohttp closes a connection that has not delivered a complete request head `keepalive_timeout` seconds after
+# connecting or after its previous response (its keep-alive timer is not reset by partial headers), but it has
+# no separate, shorter deadline for a head that has started to arrive: a client sending one header byte a second
+# would hold its connection for the whole keep-alive time. These two classes add that deadline.
+
+
+class _HeadDeadlineHandler(RequestHandler):
+    """aiohttp's connection handler, closing a connection whose request head is not complete within
+    `header_timeout` seconds of its first byte."""
+
+    def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._heads_at_arm = 0
+
+    def data_received(self, data: bytes) -> None:
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:  # a head completed: the deadline is met
+            self._disarm()
+        elif self._head_timer is None and self._awaiting_head():
+            self._heads_at_arm = self._request_count
+            self._head_timer = asyncio.get_running_loop().call_later(self._header_timeout, self._head_overdue)
+
+    def _awaiting_head(self) -> bool:
+        # Between requests aiohttp's handler waits on `_waiter` for the next parsed message.
+        return self._waiter is not None and not self._waiter.done()
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self._request_count == self._heads_at_arm and self._awaiting_head():
+            logger.debug("closing a connection whose request head took over %.0f s", self._header_timeout)
+            self.force_close()
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+
+class _HeadDeadlineServer(web.Server):
+    """aiohttp's low-level server, making `_HeadDeadlineHandler`s."""
+
+    def __init__(self, template: web.Server, header_timeout: float) -> None:
+        super().__init__(
+            template.request_handler,
+            request_factory=template.request_factory,
+            handler_cancellation=template.handler_cancellation,
+            loop=template._loop,
+            **template._kwargs,
+        )
+        self._header_timeout = header_timeout
+
+    def __call__(self) -> RequestHandler:
+        return _HeadDeadlineHandler(
+            self, loop=self._loop, header_timeout=self._header_timeout, **self._kwargs
+        )
+
+
+class EdgeRunner(web.AppRunner):
+    """An AppRunner whose connections must complete each request head within `header_timeout` seconds of its
+    first byte; pass aiohttp's `keepalive_timeout` for how long an idle connection may stay open."""
+
+    def __init__(self, app: web.Application, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._header_timeout = header_timeout
+
+    async def _make_server(self) -> web.Server:
+        return _HeadDeadlineServer(await super()._make_server(), self._header_timeout)

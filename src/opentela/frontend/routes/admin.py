@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from opentela.frontend.errors import AdminRequiredError
-from opentela.frontend.keys import MAX_LIMIT, KeySettings, key_info, tokens_match
+from opentela.frontend.keys import MAX_EXPIRES_AT, MAX_LIMIT, KeySettings, key_info, tokens_match
 from opentela.frontend.routes.openai import usage_json
 from opentela.frontend.state import bearer_token, state_of
 
@@ -21,6 +21,9 @@ async def require_admin(request: Request) -> None:
         raise AdminRequiredError("this endpoint needs 'Authorization: Bearer <admin token>'")
 
 
+MAX_EXPIRE_DAYS = 36500.0
+"""A key may be made to expire at most a hundred years ahead."""
+
 router = APIRouter(prefix="/admin", tags=["Management (admin token)"], dependencies=[Depends(require_admin)])
 
 
@@ -30,8 +33,17 @@ class KeyCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field("", max_length=200, description="Who or what the key is for")
-    expires_at: float | None = Field(None, description="Unix time after which the key stops working")
-    expires_in_days: float | None = Field(None, gt=0, description="Alternative to expires_at")
+    # Bounded and finite: JSON from Python accepts NaN and Infinity, which no key can expire at.
+    expires_at: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_EXPIRES_AT,
+        allow_inf_nan=False,
+        description="Unix time after which the key stops working",
+    )
+    expires_in_days: float | None = Field(
+        None, gt=0, le=MAX_EXPIRE_DAYS, allow_inf_nan=False, description="Alternative to expires_at"
+    )
     budget_tokens: int | None = Field(
         None, ge=0, le=MAX_LIMIT, description="Tokens (input + output) per budget period"
     )

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from opentela.errors import NotFoundError
-from opentela.frontend.state import state_of
+from opentela.errors import AuthenticationError, NotFoundError
+from opentela.frontend.keys import tokens_match
+from opentela.frontend.state import bearer_token, state_of
 
 STATIC = Path(__file__).resolve().parents[1] / "static"
 router = APIRouter(tags=["Dashboard"])
@@ -27,7 +28,23 @@ async def index() -> FileResponse:
     return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/api/mesh/{view}", summary="Read-only mesh views: models, table, peers, stats, health")
+async def require_member(request: Request) -> None:
+    """401 unless the request carries the admin token or an active API key: the node map (addresses, providers,
+    hardware) is for the people this frontend serves, not for anyone who can reach it."""
+    given = bearer_token(request)
+    st = state_of(request)
+    if not given:
+        raise AuthenticationError("the mesh views need 'Authorization: Bearer <API key or admin token>'")
+    if tokens_match(given, st.admin_token):
+        return
+    await st.keys.authenticate(given)
+
+
+@router.get(
+    "/api/mesh/{view}",
+    summary="Read-only mesh views: models, table, peers, stats, health (an API key or the admin token)",
+    dependencies=[Depends(require_member)],
+)
 async def mesh_view(request: Request, view: str) -> JSONResponse:
     """The ingress's read-only endpoint of that name, as is."""
     path = _MESH_VIEWS.get(view)

@@ -91,9 +91,7 @@ async def _inference(request: Request) -> Response:
         input_estimate=estimate_input_tokens(body),
         sampling=sampling_params(body) if key.log_content else None,
     )
-    logger.info(
-        "request %s key %s model %s admitted as row %s", request_id, key.prefix, model, admission.row_id
-    )
+    logger.info("request %s key %s model %s admitted as row %s", request_id, key.id, model, admission.row_id)
     response = await forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
     response.headers.setdefault("X-Otela-Request-Id", request_id)
     response.headers.update(admission.limit_headers)

@@ -40,13 +40,17 @@ async function api(path, { token, method = "GET", body } = {}) {
   return data;
 }
 
+// The mesh views need a credential: the admin token of this tab, else the key kept in this browser.
+const meshToken = () => store.admin || store.key;
+const meshApi = (path) => api(path, { token: meshToken() });
+const NEEDS_KEY = "Enter your API key above (or unlock the Keys tab with the admin token) to see the mesh.";
+
 // ---- tabs -------------------------------------------------------------------------------------------------
 let current = "models";
 function show(tab) {
   current = tab;
   $$(".tabs button").forEach((b) => b.classList.toggle("active", b.dataset.tab === tab));
   $$(".view").forEach((v) => v.classList.toggle("active", v.id === `view-${tab}`));
-  $(".key-panel").classList.toggle("hidden", tab === "models" || tab === "nodes");
   if (location.hash !== `#${tab}`) history.replaceState(null, "", `#${tab}`);
   refresh();
 }
@@ -73,7 +77,8 @@ function hardwareText(hw) {
 async function loadModels() {
   const box = $("#models");
   try {
-    const listing = await api("/api/mesh/models");
+    if (!meshToken()) { box.innerHTML = `<p class="muted needs-key">${esc(NEEDS_KEY)}</p>`; return; }
+    const listing = await meshApi("/api/mesh/models");
     const models = listing.data || [];
     fillModelSelect(models);
     $("#models-summary").textContent = `${models.length} model${models.length === 1 ? "" : "s"} served`;
@@ -102,7 +107,8 @@ async function loadModels() {
 async function loadNodes() {
   const body = $("#nodes tbody");
   try {
-    const [table, peers] = await Promise.all([api("/api/mesh/table"), api("/api/mesh/peers")]);
+    if (!meshToken()) { body.innerHTML = `<tr><td colspan="7" class="muted needs-key">${esc(NEEDS_KEY)}</td></tr>`; return; }
+    const [table, peers] = await Promise.all([meshApi("/api/mesh/table"), meshApi("/api/mesh/peers")]);
     const suspected = new Set(peers.filter((p) => p.suspected).map((p) => p.peer_id));
     const order = { SERVING: 0, JOIN: 1, DOWN: 2, LEFT: 3 };
     table.sort((a, b) => (order[a.lifecycle] - order[b.lifecycle]) || String(a.provider_id).localeCompare(b.provider_id));
@@ -129,7 +135,8 @@ async function loadNodes() {
 async function loadHealth() {
   const box = $("#health");
   try {
-    const h = await api("/api/mesh/health");
+    if (!meshToken()) { box.className = "health"; $("#health-text").textContent = "no key"; return; }
+    const h = await meshApi("/api/mesh/health");
     box.className = "health ok";
     $("#health-text").textContent = `ingress ${h.status === "ok" ? "up" : h.status} · ${h.nodes_known} nodes`;
   } catch (e) {
@@ -145,7 +152,7 @@ function keyStatus(text, bad) {
   el.style.color = bad ? "var(--bad)" : "";
 }
 async function checkKey() {
-  if (!store.key) { keyStatus("No key yet. The catalog and node map need none; the playground and usage do."); return null; }
+  if (!store.key) { keyStatus("No key yet. The catalog, node map, playground and usage need one."); return null; }
   try {
     const me = await api("/v1/me", { token: store.key });
     keyStatus(`Using key ${me.prefix}… ${me.name ? `(${me.name})` : ""} — ${me.state}.`);
@@ -385,7 +392,7 @@ function chart(series, bucket, hours) {
   const ticks = [0, 0.5, 1].map((f) => `<line class="axis" x1="${L}" x2="${W - 4}" y1="${y(max * f)}" y2="${y(max * f)}"/>
     <text x="${L - 6}" y="${y(max * f) + 4}" text-anchor="end">${fmtInt(Math.round(max * f))}</text>`).join("");
   box.innerHTML = `<svg viewBox="0 0 ${W} ${H}" role="img" aria-label="tokens over time">${ticks}${bars}</svg>
-    <div class="legend"><span><i style="background:var(--in)"></i>input tokens</span><span><i style="background:var(--out)"></i>output tokens</span></div>`;
+    <div class="legend"><span><i class="in"></i>input tokens</span><span><i class="out"></i>output tokens</span></div>`;
 }
 async function loadUsage() {
   const hours = Number($("#usage-hours").value);
@@ -426,6 +433,8 @@ $("#usage-hours").addEventListener("change", loadUsage);
 
 // ---- refresh loop -----------------------------------------------------------------------------------------
 async function refresh() {
+  // The key field stays in view on the mesh tabs until a credential is there to read them with.
+  $(".key-panel").classList.toggle("hidden", (current === "models" || current === "nodes") && Boolean(meshToken()));
   loadHealth();
   if (current === "models" || current === "playground") await loadModels();
   if (current === "nodes") await loadNodes();
