@@ -91,7 +91,7 @@ class MaliciousMember:
                 ModelEntry(m["id"], m.get("engine", ""), m.get("settings", {})) for m in row["models"]
             )
             victim = NodeRecord(**{k: v for k, v in row.items() if k in NodeRecord.__dataclass_fields__})
-        return victim.next(self.identity, lifecycle=Lifecycle.LEFT, reason=reason)
+        return victim.tombstone().next(self.identity, lifecycle=Lifecycle.LEFT, reason=reason)
 
     async def push(
         self, records: Iterable[NodeRecord | Mapping[str, Any]], *, to: PeerId | None = None

@@ -34,6 +34,8 @@ def records(draw: st.DrawFn, session: str | None = None) -> NodeRecord:
         started_at=1.0,
         updated_at=float(draw(st.integers(0, 3))),
     )
+    if record.lifecycle is Lifecycle.LEFT:
+        record = record.tombstone()  # what every writer of LEFT sends (anything else is malformed)
     return record.signed(owner)
 
 

@@ -112,6 +112,30 @@ class RegistryConfig:
         default=4 * 1024 * 1024,
         metadata={"help": "Largest gossip message; bigger deltas are sent in chunks."},
     )
+    max_clock_skew: float = field(
+        default=300.0,
+        metadata={
+            "help": "Seconds a record's timestamps may be ahead of this node's clock; later ones are refused "
+            "(they would never age out)."
+        },
+    )
+    max_sessions_per_peer: int = field(
+        default=8,
+        metadata={
+            "help": "Live (not LEFT) sessions one peer id may have in the registry; more new sessions are "
+            "refused until old ones leave (a restarted node has two for a while)."
+        },
+    )
+    write_rate: float = field(
+        default=0.5,
+        metadata={
+            "help": "Sustained record writes per second accepted from one owner (token bucket); an honest node "
+            "writes a few per state change and one an hour when idle."
+        },
+    )
+    write_burst: int = field(
+        default=30, metadata={"help": "Record writes one owner may make at once before write_rate applies."}
+    )
     max_records_per_message: int = field(
         default=256, metadata={"help": "Records per gossip message when sending a delta."}
     )
@@ -130,6 +154,8 @@ class RegistryConfig:
             "gossip_timeout",
             "eviction_hold",
             "eviction_signer_window",
+            "max_clock_skew",
+            "write_rate",
         )
         for name in positive:
             if not getattr(self, name) > 0:
@@ -138,6 +164,8 @@ class RegistryConfig:
             raise ConfigError("[registry] local_health_limit must be >= 0")
         if self.indirect_probes < 0 or self.retransmit_mult < 1 or self.max_piggyback < 1:
             raise ConfigError("[registry] indirect_probes >= 0, retransmit_mult >= 1 and max_piggyback >= 1")
+        if self.max_sessions_per_peer < 1 or self.write_burst < 1:
+            raise ConfigError("[registry] max_sessions_per_peer and write_burst must be at least 1")
         if self.eviction_quorum < 1 or self.eviction_signer_limit < 1:
             raise ConfigError("[registry] eviction_quorum and eviction_signer_limit must be at least 1")
         if self.tombstone_retention <= self.left_retention:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,15 @@ MAX_TEXT = 512
 MAX_LIST = 64
 MAX_HARDWARE_BYTES = 16 * 1024
 MAX_MEMBERSHIP_BYTES = 1024
+MAX_RECORD_BYTES = 64 * 1024
+"""Largest record on the wire: an honest record is 1-3 KB, with room for many models and GPUs."""
+MAX_VERSION = 2**53
+"""Versions stay exact in JSON and leave room for evictions (version + 1) without overflowing int64."""
+MAX_TIMESTAMP = 1e10
+"""Unix seconds (year 2286): a static bound; receivers also refuse records stamped ahead of their own clock."""
+MAX_SETTINGS = 32
+MAX_SETTING_TEXT = 256
+MAX_INT = 2**53
 
 
 def _freeze(value: Any) -> Any:
@@ -144,6 +154,12 @@ class NodeRecord:
         if not isinstance(obj, dict):
             raise ValueError("a record must be a map")
         try:
+            size = len(msgpack.packb(obj, use_bin_type=True))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ValueError(f"malformed record: {exc!r}") from None
+        if size > MAX_RECORD_BYTES:
+            raise ValueError(f"record of {size} bytes is over the {MAX_RECORD_BYTES}-byte limit")
+        try:
             return _validated(obj)
         except (KeyError, TypeError, OverflowError) as exc:
             raise ValueError(f"malformed record: {exc!r}") from None
@@ -168,6 +184,23 @@ class NodeRecord:
         """The owner's next version: apply `changes`, bump the version, stamp the time, sign."""
         changes.setdefault("updated_at", time.time())
         return dataclasses.replace(self, version=self.version + 1, **changes).signed(identity)
+
+    def tombstone(self, **changes: Any) -> NodeRecord:
+        """This record as LEFT with only what merging and GC need (unsigned: the writer signs it).
+
+        Addresses, roles, hardware and models go: a tombstone lives for the retention window, and a dead
+        session's payload is of no use to anyone, so it must not cost every replica its size for a week.
+        """
+        return dataclasses.replace(
+            self,
+            lifecycle=Lifecycle.LEFT,
+            addrs=(),
+            relays=(),
+            roles=(),
+            hardware={},
+            models=(),
+            **changes,
+        )
 
 
 def _canonical(obj: Any) -> bytes:
@@ -199,38 +232,124 @@ def _texts(obj: dict[str, Any], key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _number(obj: dict[str, Any], key: str) -> float:
+def _number(obj: Mapping[str, Any], key: str, *, low: float = 0.0, high: float = float(MAX_INT)) -> float:
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"record field {key!r} must be a number")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        raise ValueError(f"record field {key!r} must be a finite number in [{low:g}, {high:g}]")
     return float(value)
+
+
+def _optional_int(obj: Mapping[str, Any], key: str, where: str) -> None:
+    value = obj.get(key)
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_INT
+    ):
+        raise ValueError(f"record {where}.{key} must be a non-negative integer")
+
+
+def _optional_text(obj: Mapping[str, Any], key: str, where: str) -> None:
+    value = obj.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > MAX_TEXT):
+        raise ValueError(f"record {where}.{key} must be a string of at most {MAX_TEXT} characters")
+
+
+def _scalar_ok(value: Any) -> bool:
+    """A setting's value: a short string, a boolean, null, an integer or a finite float of JSON's exact range."""
+    if value is None or isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return -MAX_INT < value < MAX_INT
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and len(value) <= MAX_SETTING_TEXT
+
+
+def _extras_ok(obj: Mapping[str, Any], known: frozenset[str]) -> bool:
+    """Keys a newer version may add: accepted when they are short names of scalars, at most MAX_SETTINGS."""
+    extra = [k for k in obj if k not in known]
+    return len(extra) <= MAX_SETTINGS and all(
+        isinstance(k, str) and len(k) <= 64 and _scalar_ok(obj[k]) for k in extra
+    )
+
+
+_HARDWARE_KEYS = frozenset({"gpus", "gpu_source", "cpu", "ram_mib", "os", "hostname"})
+_GPU_KEYS = frozenset({"index", "name", "memory_mib", "uuid"})
+_CPU_KEYS = frozenset({"model", "arch", "cores", "threads", "usable", "flags"})
+
+
+def _check_hardware(hardware: Any) -> None:
+    """The shape `node.hardware.probe_hardware` writes, every part optional, each bounded and typed."""
+    if not isinstance(hardware, dict) or not _extras_ok(hardware, _HARDWARE_KEYS):
+        raise ValueError("record hardware must be a map of the known fields")
+    gpus = hardware.get("gpus")
+    if gpus is not None:
+        if not isinstance(gpus, list | tuple) or len(gpus) > MAX_LIST:
+            raise ValueError(f"record hardware.gpus must be a list of at most {MAX_LIST} maps")
+        for gpu in gpus:
+            if not isinstance(gpu, dict) or not _extras_ok(gpu, _GPU_KEYS):
+                raise ValueError("record hardware.gpus entries must be maps of the known fields")
+            _optional_int(gpu, "index", "hardware.gpus[]")
+            _optional_int(gpu, "memory_mib", "hardware.gpus[]")
+            _optional_text(gpu, "name", "hardware.gpus[]")
+            _optional_text(gpu, "uuid", "hardware.gpus[]")
+    cpu = hardware.get("cpu")
+    if cpu is not None:
+        if not isinstance(cpu, dict) or not _extras_ok(cpu, _CPU_KEYS):
+            raise ValueError("record hardware.cpu must be a map of the known fields")
+        for key in ("cores", "threads", "usable"):
+            _optional_int(cpu, key, "hardware.cpu")
+        for key in ("model", "arch"):
+            _optional_text(cpu, key, "hardware.cpu")
+        flags = cpu.get("flags")
+        if flags is not None and (
+            not isinstance(flags, list | tuple)
+            or len(flags) > MAX_LIST
+            or not all(isinstance(f, str) and len(f) <= 64 for f in flags)
+        ):
+            raise ValueError("record hardware.cpu.flags must be a list of short strings")
+    _optional_int(hardware, "ram_mib", "hardware")
+    for key in ("gpu_source", "os", "hostname"):
+        _optional_text(hardware, key, "hardware")
+
+
+def _model_entry(m: Any) -> ModelEntry:
+    if not isinstance(m, dict) or set(m) - {"id", "engine", "settings"}:
+        raise ValueError("a model entry must be a map of id, engine and settings")
+    settings = m.get("settings", {})
+    if (
+        not isinstance(settings, dict)
+        or len(settings) > MAX_SETTINGS
+        or not all(isinstance(k, str) and len(k) <= 64 and _scalar_ok(v) for k, v in settings.items())
+    ):
+        raise ValueError(
+            f"model settings must be a map of at most {MAX_SETTINGS} short names to scalars "
+            f"(strings of at most {MAX_SETTING_TEXT} characters, finite numbers, booleans)"
+        )
+    return ModelEntry(_text(m, "id", empty_ok=False), _text(m, "engine"), settings)
 
 
 def _validated(obj: dict[str, Any]) -> NodeRecord:
     version = obj["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
-        raise ValueError("record version must be a non-negative integer")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < MAX_VERSION:
+        raise ValueError("record version must be an integer in [0, 2^53)")
     lifecycle = obj["lifecycle"]
     if isinstance(lifecycle, bool) or lifecycle not in {int(x) for x in Lifecycle}:
         raise ValueError(f"unknown lifecycle {lifecycle!r}")
     hardware = obj["hardware"]
     if not isinstance(hardware, dict) or len(_canonical(hardware)) > MAX_HARDWARE_BYTES:
         raise ValueError(f"record hardware must be a map of at most {MAX_HARDWARE_BYTES} bytes")
+    _check_hardware(hardware)
     models_raw = obj["models"]
     if not isinstance(models_raw, list | tuple) or len(models_raw) > MAX_LIST:
         raise ValueError("record models must be a list")
-    models = []
-    for m in models_raw:
-        if not isinstance(m, dict) or not isinstance(m.get("settings", {}), dict):
-            raise ValueError("a model entry must be a map with a settings map")
-        models.append(ModelEntry(_text(m, "id", empty_ok=False), _text(m, "engine"), m.get("settings", {})))
+    models = tuple(_model_entry(m) for m in models_raw)
     signature = obj["signature"]
     if not isinstance(signature, bytes) or len(signature) != 64:
         raise ValueError("record signature must be 64 bytes")
     membership = obj.get("membership", b"")
     if not isinstance(membership, bytes) or len(membership) > MAX_MEMBERSHIP_BYTES:
         raise ValueError(f"record membership must be at most {MAX_MEMBERSHIP_BYTES} bytes")
-    return NodeRecord(
+    record = NodeRecord(
         session_id=_text(obj, "session_id", empty_ok=False),
         peer_id=_text(obj, "peer_id", peer=True),
         provider_id=_text(obj, "provider_id"),
@@ -240,11 +359,16 @@ def _validated(obj: dict[str, Any]) -> NodeRecord:
         relays=_texts(obj, "relays"),
         roles=_texts(obj, "roles"),
         hardware=hardware,
-        models=tuple(models),
-        started_at=_number(obj, "started_at"),
-        updated_at=_number(obj, "updated_at"),
+        models=models,
+        started_at=_number(obj, "started_at", high=MAX_TIMESTAMP),
+        updated_at=_number(obj, "updated_at", high=MAX_TIMESTAMP),
         signer=_text(obj, "signer", peer=True),
         reason=_text(obj, "reason"),
         signature=signature,
         membership=membership,
     )
+    if record.lifecycle is Lifecycle.LEFT and (
+        record.addrs or record.relays or record.roles or record.hardware or record.models
+    ):
+        raise ValueError("a LEFT record is a tombstone: it carries no addresses, roles, hardware or models")
+    return record

@@ -53,6 +53,8 @@ class Registry:
         self._listeners: list[ChangeListener] = []
         self._eviction_listeners: list[EvictionListener] = []
         self._members: Counter[PeerId] = Counter()  # peer id -> records it owns here
+        self._live_sessions: Counter[PeerId] = Counter()  # peer id -> its sessions here not yet LEFT
+        self._write_buckets: dict[PeerId, tuple[float, float]] = {}  # owner -> (tokens, when counted)
         self.last_own: NodeRecord | None = None
         """The latest record we signed for our current session (an eviction may have replaced it in the map)."""
         self.counters: Counter[str] = Counter()
@@ -86,6 +88,12 @@ class Registry:
             return False
         if old is None:
             self._members[record.peer_id] += 1
+        was_live = old is not None and old.lifecycle < Lifecycle.LEFT
+        is_live = record.lifecycle < Lifecycle.LEFT
+        if is_live != was_live:
+            self._live_sessions[record.peer_id] += 1 if is_live else -1
+            if self._live_sessions[record.peer_id] <= 0:
+                del self._live_sessions[record.peer_id]
         if record.session_id == self.session_id and record.signer == self.identity.peer_id:
             self.last_own = record
         self.views.update(old, record)
@@ -100,7 +108,8 @@ class Registry:
     def update_local(self, **changes: Any) -> NodeRecord:
         """Write a new version of our own record (bumped, re-signed) and announce it."""
         changes.setdefault("updated_at", self.clock())
-        record = self.local.next(self.identity, **changes)
+        base = self.local.tombstone() if changes.get("lifecycle") == Lifecycle.LEFT else self.local
+        record = base.next(self.identity, **changes)
         self._apply(record, local=True)
         self.counters["local_updates"] += 1
         return record
@@ -122,12 +131,8 @@ class Registry:
         current = self.map.get(session_id)
         if current is None or current.lifecycle > Lifecycle.SERVING or session_id == self.session_id:
             return None
-        eviction = dataclasses.replace(
-            current,
-            lifecycle=Lifecycle.LEFT,
-            version=current.version + 1,
-            reason=reason,
-            updated_at=self.clock(),
+        eviction = current.tombstone(
+            version=current.version + 1, reason=reason, updated_at=self.clock()
         ).signed(self.identity)
         self._apply(eviction, local=True)
         self.counters["evictions_written"] += 1
@@ -153,6 +158,15 @@ class Registry:
         for record in ordered:
             if record.session_id == self.session_id and record.signer == self.identity.peer_id:
                 # Our own record echoed back: we are its only writer, nothing to learn.
+                continue
+            refusal = self._out_of_bounds(record, now)
+            if refusal is not None:
+                self.counters[refusal] += 1
+                logger.warning(
+                    "dropped a record: %s",
+                    refusal.removeprefix("rejected_").replace("_", " "),
+                    extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
+                )
                 continue
             if now - record.updated_at > self.config.tombstone_retention:
                 # Older than any record may live: it was compacted here or will be; taking it back would
@@ -207,6 +221,45 @@ class Registry:
             else:
                 self.counters["stale"] += 1
         return changed
+
+    def _out_of_bounds(self, record: NodeRecord, now: float) -> str | None:
+        """The counter naming why `record` may not enter now (None: it may), checked before its signature.
+
+        A record stamped ahead of our clock would never age out; a peer with too many live sessions, or writing
+        faster than any honest node does, is flooding. Refusals are safe in a CRDT: anti-entropy offers the
+        record again later, and an honest one is taken then.
+        """
+        skew = self.config.max_clock_skew
+        if record.updated_at > now + skew or record.started_at > now + skew:
+            return "rejected_future"
+        if record.peer_id == self.identity.peer_id and record.signer == record.peer_id:
+            return None  # our own older sessions: not a flood
+        current = self.map.get(record.session_id)
+        if current is not None and record.rank <= current.rank:
+            return None  # changes nothing: merge counts it as stale
+        if current is None and record.lifecycle < Lifecycle.LEFT:
+            live = self._live_sessions.get(record.peer_id, 0)
+            if live >= self.config.max_sessions_per_peer:
+                return "rejected_session_limit"
+        if record.signer == record.peer_id and not self._write_allowed(record.peer_id, now):
+            return "rejected_write_rate"
+        return None
+
+    def _write_allowed(self, peer_id: PeerId, now: float) -> bool:
+        """A token bucket per owner: `write_burst` writes at once, then `write_rate` per second."""
+        rate, burst = self.config.write_rate, float(self.config.write_burst)
+        tokens, then = self._write_buckets.get(peer_id, (burst, now))
+        tokens = min(burst, tokens + (now - then) * rate)
+        if tokens < 1.0:
+            self._write_buckets[peer_id] = (tokens, now)
+            return False
+        self._write_buckets[peer_id] = (tokens - 1.0, now)
+        if len(self._write_buckets) > 4 * max(len(self._members), 64):
+            # Forget full buckets of peers gone quiet, so the table stays the size of the mesh.
+            self._write_buckets = {
+                p: (t, at) for p, (t, at) in self._write_buckets.items() if t + (now - at) * rate < burst
+            }
+        return True
 
     def _not_member(self, record: NodeRecord) -> str | None:
         """Why a closed network keeps `record` out of the replica (None: it may enter)."""
@@ -281,6 +334,10 @@ class Registry:
             removed = self.map.remove(sid)
             if removed is not None:
                 self.views.update(removed, None)
+                if removed.lifecycle < Lifecycle.LEFT:
+                    self._live_sessions[removed.peer_id] -= 1
+                    if self._live_sessions[removed.peer_id] <= 0:
+                        del self._live_sessions[removed.peer_id]
                 self._members[removed.peer_id] -= 1
                 if self._members[removed.peer_id] <= 0:
                     del self._members[removed.peer_id]

@@ -104,10 +104,9 @@ async def test_forged_records_pushed_over_gossip_never_reach_any_view() -> None:
         forged = [
             dataclasses.replace(good, models=(ModelEntry("evil"),), version=9),  # tampered after signing
             dataclasses.replace(good, version=9, models=(ModelEntry("evil"),)).signed(mallory),  # another key
-            dataclasses.replace(good, lifecycle=Lifecycle.LEFT, version=9, reason="gone").signed(mallory),
+            good.tombstone(version=9, reason="gone").signed(mallory),
             dataclasses.replace(  # an eviction in a member's name without its signature
-                good,
-                lifecycle=Lifecycle.LEFT,
+                good.tombstone(),
                 version=9,
                 reason="gone",
                 signer=nodes[0].host.peer_id,

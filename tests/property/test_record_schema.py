@@ -1,0 +1,155 @@
+"""Records at the door: anything a member can send either fails validation or renders through every view.
+
+The strategy builds records shaped like honest ones with any field (or any nested part of `hardware` and
+`settings`) replaced by hostile values: wrong types, NaN, infinities, huge numbers and strings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opentela._types import Lifecycle
+from opentela.cli.status import hardware_text
+from opentela.fabric.identity import Identity
+from opentela.gateway.constraints import parse_constraints, satisfying
+from opentela.gateway.policies.weights import replica_weight
+from opentela.gateway.routes.infra import _hardware_summary, _replica
+from opentela.registry.record import MAX_RECORD_BYTES, ModelEntry, NodeRecord
+
+OWNER = Identity.generate()
+NOW = time.time()
+
+hostile = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf, 1e15, 1e308, 2**63 - 1, 2**63, -1]),
+    st.text(max_size=20),
+    st.just("x" * 5000),
+    st.binary(max_size=10),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+)
+name_or_hostile = st.one_of(st.sampled_from(["NVIDIA H100", "A100", "", "cpu"]), hostile)
+int_or_hostile = st.one_of(st.integers(0, 2**20), hostile)
+
+gpu = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": int_or_hostile,
+            "name": name_or_hostile,
+            "memory_mib": int_or_hostile,
+            "uuid": hostile,
+        },
+    )
+    | hostile
+)
+cpu = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "model": name_or_hostile,
+            "arch": name_or_hostile,
+            "cores": int_or_hostile,
+            "threads": int_or_hostile,
+            "usable": int_or_hostile,
+            "flags": st.lists(st.sampled_from(["avx2", "avx512f"]), max_size=2) | hostile,
+        },
+    )
+    | hostile
+)
+hardware = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpus": st.lists(gpu, max_size=3) | hostile,
+        "gpu_source": st.sampled_from(["nvml", None]) | hostile,
+        "cpu": cpu,
+        "ram_mib": int_or_hostile,
+        "os": name_or_hostile,
+        "hostname": name_or_hostile,
+        "extra": hostile,
+    },
+)
+setting_values = st.one_of(
+    st.integers(1, 2**17), st.sampled_from(["q4", "fp16", "H100"]), st.floats(0, 1e4), hostile
+)
+model_settings = st.dictionaries(
+    st.sampled_from(["context_length", "gpu", "quantization", "throughput", "weight", "simulated"])
+    | st.text(max_size=8),
+    setting_values,
+    max_size=5,
+)
+timestamp = st.one_of(st.floats(0, NOW + 10), hostile)
+
+
+@st.composite
+def wire_records(draw: st.DrawFn) -> dict[str, Any]:
+    """A record's wire form signed by a member: valid in shape, with hostile parts."""
+    lifecycle = draw(st.sampled_from([Lifecycle.JOIN, Lifecycle.SERVING, Lifecycle.DOWN]))
+    record = NodeRecord(
+        session_id="s-1",
+        peer_id=OWNER.peer_id,
+        provider_id="lab",
+        lifecycle=lifecycle,
+        version=draw(st.integers(0, 2**64)),
+        addrs=("127.0.0.1:1",),
+        hardware=draw(hardware),
+        models=(ModelEntry("m", "sim", draw(model_settings)),),
+        started_at=draw(timestamp),
+        updated_at=draw(timestamp),
+    )
+    try:
+        return record.signed(OWNER).to_wire()
+    except (TypeError, ValueError, OverflowError):
+        # msgpack cannot even encode it, so no peer could have sent it: send the unsigned form.
+        return {**record.to_wire(), "signature": b"\0" * 64}
+
+
+def _renders(value: Any) -> None:
+    json.dumps(value, allow_nan=False)
+
+
+@settings(max_examples=400, deadline=None)
+@given(wire_records())
+def test_every_record_that_passes_validation_renders_in_every_view(wire: dict[str, Any]) -> None:
+    try:
+        record = NodeRecord.from_wire(wire)
+    except ValueError:
+        return
+    gw = SimpleNamespace(mesh=SimpleNamespace(is_suspected=lambda peer: False))
+    _renders(record.to_json())
+    _renders(_hardware_summary(record))
+    _renders(_replica(gw, record, "m"))  # type: ignore[arg-type]
+    _renders({"created": int(min([record.started_at]))})
+    hardware_text(record.to_json()["hardware"])
+    assert math.isfinite(replica_weight(record, "m"))
+    for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1"):
+        satisfying([record], "m", parse_constraints(text))
+    assert record.version < 2**53 and math.isfinite(record.updated_at)
+
+
+@given(st.integers(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES))
+def test_records_over_the_size_limit_are_refused(size: int) -> None:
+    record = NodeRecord(
+        session_id="s-2",
+        peer_id=OWNER.peer_id,
+        provider_id="lab",
+        lifecycle=Lifecycle.SERVING,
+        version=1,
+        models=tuple(ModelEntry(f"m{i}", "sim", {"pad": "x" * 200}) for i in range(size // 200)),
+    ).signed(OWNER)
+    try:
+        NodeRecord.from_wire(record.to_wire())
+    except ValueError as exc:
+        assert "limit" in str(exc) or "models" in str(exc)
+    else:
+        raise AssertionError("an oversized record was accepted")
