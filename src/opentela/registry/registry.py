@@ -20,6 +20,8 @@ from opentela.registry.views import RegistryViews
 
 logger = logging.getLogger(__name__)
 
+_DROP_LOG_INTERVAL = 10.0
+
 ChangeListener = Callable[[NodeRecord, bool], None]
 """Called with (record, is_local) after a record changed the replica."""
 
@@ -55,6 +57,7 @@ class Registry:
         self._members: Counter[PeerId] = Counter()  # peer id -> records it owns here
         self._live_sessions: Counter[PeerId] = Counter()  # peer id -> its sessions here not yet LEFT
         self._write_buckets: dict[PeerId, tuple[float, float]] = {}  # owner -> (tokens, when counted)
+        self._drop_logged: dict[str, float] = {}  # counter -> when a drop of that kind was last logged
         self.last_own: NodeRecord | None = None
         """The latest record we signed for our current session (an eviction may have replaced it in the map)."""
         self.counters: Counter[str] = Counter()
@@ -161,8 +164,8 @@ class Registry:
                 continue
             refusal = self._out_of_bounds(record, now)
             if refusal is not None:
-                self.counters[refusal] += 1
-                logger.warning(
+                self._dropped(
+                    refusal,
                     "dropped a record: %s",
                     refusal.removeprefix("rejected_").replace("_", " "),
                     extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
@@ -174,8 +177,8 @@ class Registry:
                 self.counters["rejected_expired"] += 1
                 continue
             if not record.verify():
-                self.counters["rejected_bad_signature"] += 1
-                logger.warning(
+                self._dropped(
+                    "rejected_bad_signature",
                     "dropped a record with a bad signature",
                     extra={
                         "session": record.session_id[:12],
@@ -186,16 +189,16 @@ class Registry:
                 continue
             refusal = self._not_member(record)
             if refusal is not None:
-                self.counters["rejected_not_member"] += 1
-                logger.warning(
+                self._dropped(
+                    "rejected_not_member",
                     "dropped a record from a non-member: %s",
                     refusal,
                     extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
                 )
                 continue
             if record.signer != record.peer_id and not self.is_member(record.signer):
-                self.counters["rejected_not_member"] += 1
-                logger.warning(
+                self._dropped(
+                    "rejected_not_member",
                     "dropped an eviction signed by a non-member",
                     extra={"session": record.session_id[:12], "signer": record.signer},
                 )
@@ -221,6 +224,17 @@ class Registry:
             else:
                 self.counters["stale"] += 1
         return changed
+
+    def _dropped(self, counter: str, message: str, *args: Any, extra: dict[str, Any] | None = None) -> None:
+        """Count a refused record; warn about the first of each kind every `_DROP_LOG_INTERVAL` seconds only,
+        so a member sending garbage cannot fill the disk through our log (the counters keep the totals)."""
+        self.counters[counter] += 1
+        now = time.monotonic()
+        if now - self._drop_logged.get(counter, -_DROP_LOG_INTERVAL) >= _DROP_LOG_INTERVAL:
+            self._drop_logged[counter] = now
+            logger.warning(message, *args, extra={**(extra or {}), "total": self.counters[counter]})
+        else:
+            logger.debug(message, *args, extra=extra)
 
     def _out_of_bounds(self, record: NodeRecord, now: float) -> str | None:
         """The counter naming why `record` may not enter now (None: it may), checked before its signature.
@@ -278,8 +292,7 @@ class Registry:
             try:
                 records.append(NodeRecord.from_wire(obj))
             except ValueError as exc:
-                self.counters["rejected_malformed"] += 1
-                logger.warning("dropped a malformed record: %s", exc)
+                self._dropped("rejected_malformed", "dropped a malformed record: %s", exc)
         return self.apply_remote(records)
 
     # --- reads --------------------------------------------------------------------------------------------
