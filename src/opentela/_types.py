@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 PeerId = str
@@ -58,5 +59,7 @@ class Stream(Protocol):
     async def write_eof(self) -> None: ...
 
     def reset(self, code: int = 0, message: str = "") -> None: ...
+
+    def on_abort(self, callback: Callable[[], object] | None) -> None: ...
 
     async def aclose(self) -> None: ...

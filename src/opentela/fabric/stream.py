@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from opentela._types import PeerId, ProtocolName
@@ -64,6 +65,7 @@ class MuxStream:
         "_id",
         "_link",
         "_local_eof",
+        "_on_abort",
         "_peer",
         "_protocol",
         "_read_exc",
@@ -94,6 +96,7 @@ class MuxStream:
         self._write_exc: FabricError | None = None
         self._read_waiter: asyncio.Future[None] | None = None
         self._write_waiter: asyncio.Future[None] | None = None
+        self._on_abort: Callable[[], object] | None = None
         self._send_window = INITIAL_WINDOW
         self._recv_window = INITIAL_WINDOW  # credit the peer still has; the link grants `window` at open
         self._window = window
@@ -270,6 +273,7 @@ class MuxStream:
         if self._released:
             return
         exc = StreamResetError(message or "stream reset", reset_code=code)
+        self._on_abort = None  # our own reset: whoever watches already knows
         self._abort(exc, exc)
         self._link.send_reset(self._id, code, message)
         self._release()
@@ -286,8 +290,18 @@ class MuxStream:
         else:
             self.reset(ErrorCode.CANCEL, "stream closed before the end of its data")
 
+    def on_abort(self, callback: Callable[[], object] | None) -> None:
+        """Call `callback` once if the stream is reset or its connection is lost (None: stop watching).
+
+        A server that has read the whole request learns nothing from `read` any more (the peer half-closed), so
+        this is how it hears that the asker gave up while it is still waiting on work of its own."""
+        self._on_abort = callback
+
     # --- events from the link (MuxConnection and memory.py call these; applications do not) ------------------
     def _abort(self, read_exc: FabricError | None, write_exc: FabricError) -> None:
+        callback, self._on_abort = self._on_abort, None
+        if callback is not None and self._write_exc is None:
+            callback()
         self._write_exc = write_exc
         if read_exc is not None:
             self._read_exc = read_exc

@@ -62,6 +62,9 @@ class Gateway:
             access_log=access_log,
             access_log_class=GatewayAccessLogger,
             handle_signals=False,
+            # A client that hangs up cancels its handler: the forwarder then resets the mesh stream, and the
+            # serving node closes its engine request (see node/http_service.py). Streams also notice on write.
+            handler_cancellation=True,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, reuse_address=True)

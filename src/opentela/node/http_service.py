@@ -53,6 +53,8 @@ class LocalEngineProxy:
         self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
         self.served = 0
+        self.abandoned = 0
+        """Requests whose asker reset the stream before the end; their engine requests were closed."""
 
     def __repr__(self) -> str:
         return f"<LocalEngineProxy engine={self._engine_url()} in_flight={self.in_flight}>"
@@ -98,6 +100,19 @@ class LocalEngineProxy:
         self.in_flight += 1
         head_sent = False
         sent_at = time.perf_counter()
+        # The asker may give up while the engine is still thinking (a client hung up, the ingress moved on):
+        # then stop waiting, and leaving the engine request below closes it, which is how vLLM, SGLang and
+        # llama.cpp learn to stop generating for nobody.
+        task = asyncio.current_task()
+        abandoned = False
+
+        def give_up() -> None:
+            nonlocal abandoned
+            if task is not None and not abandoned:
+                abandoned = True
+                task.cancel()
+
+        stream.on_abort(give_up)
         try:
             async with self._client().request(
                 request.method, base + request.path, data=request.body or None, headers=headers
@@ -135,7 +150,13 @@ class LocalEngineProxy:
                 stream.reset(RESET_ENGINE_TIMEOUT, "engine stopped producing output")
             else:
                 await self._write_error(stream, UpstreamTimeout("engine did not answer in time"))
+        except asyncio.CancelledError:
+            if not abandoned or task is None or task.uncancel() > 0:
+                raise  # the node is shutting down, not the asker giving up
+            self.abandoned += 1
+            logger.info("request %s abandoned by its asker: engine request closed", request.request_id)
         finally:
+            stream.on_abort(None)
             self.in_flight -= 1
 
     @staticmethod

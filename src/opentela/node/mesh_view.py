@@ -144,7 +144,11 @@ class MeshView:
             "registry": self.registry.stats(),
             "gossip": self.gossip.stats(),
             "membership": self.membership.stats(),
-            "proxy": {"in_flight": self.proxy.in_flight, "served": self.proxy.served},
+            "proxy": {
+                "in_flight": self.proxy.in_flight,
+                "served": self.proxy.served,
+                "abandoned": self.proxy.abandoned,
+            },
             "relay": self.host.relay.stats(),
             "admission": {
                 "network_id": self.host.admission.network_id or "open",

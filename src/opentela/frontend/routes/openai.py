@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -65,6 +68,39 @@ def trusted_providers(key: ApiKey, asked: str | None) -> list[str] | None:
     return narrowed
 
 
+CLIENT_CLOSED_REQUEST = 499
+"""What the access log shows for a request whose client left before its answer (nobody receives it)."""
+
+
+async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, Response]) -> Response | None:
+    """`work`'s response, or None when the client disconnected first; then `work` is cancelled.
+
+    Starlette cancels a streaming body when its client leaves but not an endpoint still waiting for its
+    answer; cancelling here closes the connection to the ingress, which resets the mesh stream, which makes
+    the serving node close its engine request: the engine stops generating for nobody.
+    """
+    answer = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((answer, watcher), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        answer.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if answer.done():
+        return answer.result()
+    answer.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await answer
+    return None
+
+
 async def _inference(request: Request) -> Response:
     st: FrontendState = state_of(request)
     request_id: str = request.state.request_id  # given by the access-log middleware
@@ -92,7 +128,12 @@ async def _inference(request: Request) -> Response:
         sampling=sampling_params(body) if key.log_content else None,
     )
     logger.info("request %s key %s model %s admitted as row %s", request_id, key.id, model, admission.row_id)
-    response = await forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
+    response = await unless_client_leaves(
+        request, forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
+    )
+    if response is None:
+        logger.info("request %s: the client went away before the answer; the ingress was told", request_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     response.headers.setdefault("X-Otela-Request-Id", request_id)
     response.headers.update(admission.limit_headers)
     return response
