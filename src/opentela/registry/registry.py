@@ -162,12 +162,12 @@ class Registry:
             if record.session_id == self.session_id and record.signer == self.identity.peer_id:
                 # Our own record echoed back: we are its only writer, nothing to learn.
                 continue
-            refusal = self._out_of_bounds(record, now)
-            if refusal is not None:
+            skew = self.config.max_clock_skew
+            if record.updated_at > now + skew or record.started_at > now + skew:
+                # Stamped ahead of our clock: it would never age out.
                 self._dropped(
-                    refusal,
-                    "dropped a record: %s",
-                    refusal.removeprefix("rejected_").replace("_", " "),
+                    "rejected_future",
+                    "dropped a record stamped in the future",
                     extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
                 )
                 continue
@@ -203,6 +203,16 @@ class Registry:
                     extra={"session": record.session_id[:12], "signer": record.signer},
                 )
                 continue
+            # Limits come after the signature: a forged record must not spend its claimed owner's allowance.
+            refusal = self._over_limits(record, now)
+            if refusal is not None:
+                self._dropped(
+                    refusal,
+                    "dropped a record: %s",
+                    refusal.removeprefix("rejected_").replace("_", " "),
+                    extra={"session": record.session_id[:12], "claimed_peer": record.peer_id},
+                )
+                continue
             if record.signer != record.peer_id and self.eviction_check and not self.eviction_check(record):
                 continue  # held until this node has evidence of its own, or dropped; counted by the check
             before = self.local if record.session_id == self.session_id else None
@@ -236,16 +246,12 @@ class Registry:
         else:
             logger.debug(message, *args, extra=extra)
 
-    def _out_of_bounds(self, record: NodeRecord, now: float) -> str | None:
-        """The counter naming why `record` may not enter now (None: it may), checked before its signature.
+    def _over_limits(self, record: NodeRecord, now: float) -> str | None:
+        """The counter naming why a verified `record` may not enter now (None: it may).
 
-        A record stamped ahead of our clock would never age out; a peer with too many live sessions, or writing
-        faster than any honest node does, is flooding. Refusals are safe in a CRDT: anti-entropy offers the
-        record again later, and an honest one is taken then.
+        A peer with too many live sessions, or writing faster than any honest node does, is flooding. Refusals
+        are safe in a CRDT: anti-entropy offers the record again later, and an honest one is taken then.
         """
-        skew = self.config.max_clock_skew
-        if record.updated_at > now + skew or record.started_at > now + skew:
-            return "rejected_future"
         if record.peer_id == self.identity.peer_id and record.signer == record.peer_id:
             return None  # our own older sessions: not a flood
         current = self.map.get(record.session_id)
