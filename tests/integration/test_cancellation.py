@@ -7,8 +7,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from cancel_support import LONG, SLOW_SIM, abandon, engine_active, engine_url, wait_idle
 
+from cancel_support import LONG, SLOW_SIM, abandon, engine_active, engine_url, wait_idle
 from opentela.cli.localmesh import LocalMesh
 
 pytestmark = pytest.mark.integration
