@@ -296,7 +296,7 @@ class Registry:
         records = []
         for obj in objs:
             try:
-                records.append(NodeRecord.from_wire(obj))
+                records.append(NodeRecord.from_wire(obj, max_bytes=self.config.max_record_bytes))
             except ValueError as exc:
                 self._dropped("rejected_malformed", "dropped a malformed record: %s", exc)
         return self.apply_remote(records)
