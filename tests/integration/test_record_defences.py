@@ -98,6 +98,70 @@ async def test_malformed_records_are_dropped_and_every_view_still_answers(tmp_pa
             assert status.returncode == 0, status.stderr
 
 
+async def test_a_record_at_the_version_bound_can_leave_and_deep_nesting_spoils_nothing(
+    tmp_path: Path,
+) -> None:
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        await mesh.wait_for(lambda: mesh.get_json("/dnt/table"), timeout=30, what="the table")
+        async with await MaliciousMember.join(mesh.bootstrap) as m:
+            # Hardware nested past Python's recursion limit (msgpack itself allows it): it used to crash the
+            # gossip handler, losing the honest record of the same batch and escaping the counters.
+            deep: dict[str, Any] = {}
+            cursor = deep
+            for _ in range(505):
+                cursor["x"] = {}
+                cursor = cursor["x"]
+            honest = m.record(model="honest")
+            await m.push([{**m.record().to_wire(), "hardware": deep}, honest])
+            await counted(mesh, "rejected_malformed", 1)
+            await mesh.wait_for(
+                lambda: _row(mesh, honest.session_id), timeout=20, what="the honest record of the batch"
+            )
+            # A live record at the highest version must still be able to leave: its departure is version 2^53.
+            top = m.record(model="top", version=2**53 - 1)
+            await m.push([top])
+            await mesh.wait_for(
+                lambda: _row(mesh, top.session_id), timeout=20, what="the record at the bound"
+            )
+            departure = top.tombstone().next(m.identity, lifecycle=Lifecycle.LEFT, reason="leaving")
+            await m.push([departure])
+
+            async def left() -> dict[str, Any] | None:
+                row = await _row(mesh, top.session_id)
+                return row if row and row["lifecycle"] == "LEFT" else None
+
+            row = await mesh.wait_for(left, timeout=8, what="the departure at version 2^53")
+            assert row["signer"] == m.peer_id and row["version"] == 2**53  # ours, not a probe's eviction
+            assert (await mesh.get_json("/dnt/stats"))["registry"]["rejected_malformed"] == 1
+            await views_answer(mesh)
+
+
+async def test_a_setting_of_any_allowed_type_never_breaks_routing(tmp_path: Path) -> None:
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        await mesh.wait_for(lambda: mesh.get_json("/dnt/table"), timeout=30, what="the table")
+        async with await MaliciousMember.join(mesh.bootstrap) as m:
+            # `gpu: 1` is a scalar the schema allows; QoS matching by GPU name used to answer 500 on it.
+            odd = m.record(models=(ModelEntry("odd", "simulated", {"gpu": 1, "quantization": 4}),))
+            await m.push([odd])
+            await mesh.wait_for(lambda: _row(mesh, odd.session_id), timeout=20, what="the record")
+            body = {"model": "odd", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            for require in ("gpu=H100", "gpu!=H100", "quantization<=8", "gpu_memory>=1GiB"):
+                async with mesh.http().post(
+                    f"{mesh.api}/chat/completions", json=body, headers={"X-Otela-Require": require}
+                ) as resp:
+                    text = await resp.text()
+                    assert resp.status < 500 or resp.status in (502, 503), (require, resp.status, text[:300])
+                    assert "error" in strict(text), text[:300]
+            await views_answer(mesh)
+
+
+async def _row(mesh: LocalMesh, session_id: str) -> dict[str, Any] | None:
+    """The table row of `session_id`, if the ingress has it."""
+    return next((r for r in await mesh.get_json("/dnt/table") if r["session_id"] == session_id), None)
+
+
 async def test_oversized_records_and_session_floods_are_bounded(tmp_path: Path) -> None:
     async with LocalMesh(tmp_path) as mesh:
         await mesh.start_ingress()

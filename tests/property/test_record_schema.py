@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from opentela._types import Lifecycle
 from opentela.cli.status import hardware_text
 from opentela.fabric.identity import Identity
-from opentela.gateway.constraints import parse_constraints, satisfying
+from opentela.gateway.constraints import describe_observed, parse_constraints, satisfying
 from opentela.gateway.policies.weights import replica_weight
 from opentela.gateway.routes.infra import _hardware_summary, _replica
 from opentela.registry.record import MAX_RECORD_BYTES, ModelEntry, NodeRecord
@@ -132,9 +132,32 @@ def test_every_record_that_passes_validation_renders_in_every_view(wire: dict[st
     _renders({"created": int(min([record.started_at]))})
     hardware_text(record.to_json()["hardware"])
     assert math.isfinite(replica_weight(record, "m"))
-    for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1"):
-        satisfying([record], "m", parse_constraints(text))
+    for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1", "cpu=x"):
+        for constraint in parse_constraints(text):
+            satisfying([record, record], "m", [constraint])
+            describe_observed([record, record], "m", constraint)
     assert record.version < 2**53 and math.isfinite(record.updated_at)
+
+
+EVICTOR = Identity.generate()
+
+
+@settings(max_examples=300, deadline=None)
+@given(wire_records())
+def test_the_departure_and_eviction_of_every_valid_record_are_valid_tombstones(wire: dict[str, Any]) -> None:
+    try:
+        record = NodeRecord.from_wire(wire)
+    except ValueError:
+        return
+    departure = record.tombstone().next(OWNER, lifecycle=Lifecycle.LEFT, updated_at=NOW)
+    eviction = record.tombstone(version=record.version + 1, reason="suspected", updated_at=NOW).signed(
+        EVICTOR
+    )
+    for left in (departure, eviction):
+        back = NodeRecord.from_wire(left.to_wire())  # what every peer does with it
+        assert back == left and back.verify()
+        assert not (back.addrs or back.hardware or back.models)  # only what merge and GC need
+        _renders(back.to_json())
 
 
 @given(st.integers(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES))
