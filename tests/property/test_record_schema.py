@@ -6,6 +6,7 @@ The strategy builds records shaped like honest ones with any field (or any neste
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -14,9 +15,10 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from opentela._types import Lifecycle
-from opentela.cli.status import hardware_text
+from opentela.cli.status import hardware_text, status_table
 from opentela.fabric.identity import Identity
 from opentela.gateway.constraints import describe_observed, parse_constraints, satisfying
 from opentela.gateway.policies.weights import replica_weight
@@ -89,6 +91,8 @@ model_settings = st.dictionaries(
     max_size=5,
 )
 timestamp = st.one_of(st.floats(0, NOW + 10), hostile)
+# Text a member chooses freely: console markup, HTML, control characters.
+member_text = st.sampled_from(["lab", "[/]", "[bold]x", "<b>", "\x1b[31m", ""]) | st.text(max_size=20)
 
 
 @st.composite
@@ -98,12 +102,14 @@ def wire_records(draw: st.DrawFn) -> dict[str, Any]:
     record = NodeRecord(
         session_id="s-1",
         peer_id=OWNER.peer_id,
-        provider_id="lab",
+        provider_id=draw(member_text),
         lifecycle=lifecycle,
         version=draw(st.integers(0, 2**64)),
-        addrs=("127.0.0.1:1",),
+        addrs=(draw(member_text),),
+        roles=(draw(member_text),),
+        reason=draw(member_text),
         hardware=draw(hardware),
-        models=(ModelEntry("m", "sim", draw(model_settings)),),
+        models=(ModelEntry("m", draw(member_text), draw(model_settings)),),
         started_at=draw(timestamp),
         updated_at=draw(timestamp),
     )
@@ -131,6 +137,8 @@ def test_every_record_that_passes_validation_renders_in_every_view(wire: dict[st
     _renders(_replica(gw, record, "m"))  # type: ignore[arg-type]
     _renders({"created": int(min([record.started_at]))})
     hardware_text(record.to_json()["hardware"])
+    peers = [{"peer_id": record.peer_id, "suspected": True}]
+    Console(file=io.StringIO(), width=160).print(status_table("mesh", [record.to_json()], peers))
     assert math.isfinite(replica_weight(record, "m"))
     for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1", "cpu=x"):
         for constraint in parse_constraints(text):
