@@ -372,7 +372,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     counters = "\n".join(f"| {k} | {v} |" for k, v in result["registry_counters"].items())
     rss = result["rss_mib"]
     verdict = (
-        "No view ever answered anything but 200 with strict JSON, and no routed request a 500."
+        "No view ever answered anything but 200 with strict JSON, no routed request a 500, and the ingress "
+        "logged no traceback."
         if result["failure_count"] == 0
         else f"**{result['failure_count']} failures**: {result['failures'][:5]}"
     )
@@ -388,7 +389,10 @@ Took {result["seconds"]} s; load average at the end {result["load_average"]}.
 
 **Result.** {verdict} The ingress stayed up: {result["ingress_alive"]}. RSS {rss["start"]} MiB at the start,
 {rss["peak"]} MiB at the peak, {rss["end"]} MiB at the end; the registry held
-{result["registry_records_at_end"]} records at the end.
+{result["registry_records_at_end"]} records at the end. What bounds it: per member, at most
+`max_sessions_per_peer` (8) live sessions of at most `max_record_bytes` (64 KiB) each, `write_rate` writes, and
+`max_tombstones_per_signer` (1024) ends of sessions the ingress never saw; most records held at the end are such
+tombstones (the *live_then_left* cases), a few hundred bytes each.
 
 What was sent:
 
