@@ -7,8 +7,11 @@ the ingress as fabric hosts, and pushes records over /otela/gossip/1: honest-sha
 fields (or nested parts of `hardware` and model `settings`) replaced by hostile values, oversized records, LEFT
 records with payload, records stamped in the future, floods of sessions, wrong signers, and maps that are not
 records at all. Most are validly signed by one of many member identities, so they reach the schema and the
-limits rather than stopping at the signature. Throughout, a poller reads /v1/models, /v1/dnt/table,
-/v1/dnt/stats and /v1/health: any answer that is not 200 with strict JSON (no NaN or Infinity) is a failure.
+limits rather than stopping at the signature; members also evict each other's sessions and leave their own,
+some at the highest version the schema allows. Throughout, a poller reads /v1/models, /v1/dnt/table,
+/v1/dnt/peers, /v1/dnt/stats and /v1/health (any answer that is not 200 with strict JSON, no NaN or Infinity,
+is a failure) and sends chat requests for the fuzzed models with QoS constraints (X-Otela-Require), which match
+against whatever settings and hardware the records carry (any 500, or an error that is not JSON, is a failure).
 The ingress's RSS is sampled all along. Prints the result as JSON and writes fuzz_records.{json,md} into
 --out-dir; exits 1 on any failure.
 """
@@ -43,11 +46,24 @@ ROOT = Path(__file__).resolve().parent.parent
 BATCH_BYTES = 3 * 1024 * 1024  # under the 4 MiB gossip message limit
 BATCH_RECORDS = 200
 
+
+def _deep(depth: int) -> dict[str, Any]:
+    """Maps nested `depth` deep: within msgpack's nesting limit, past Python's recursion limit when walked."""
+    out: dict[str, Any] = {}
+    for _ in range(depth):
+        out = {"x": out}
+    return out
+
+
 HOSTILE: list[Any] = [
     None,
     True,
+    False,
     -1,
     0,
+    1,
+    0.5,
+    2**53 - 1,
     2**53,
     2**63 - 1,
     2**64 - 1,
@@ -66,7 +82,17 @@ HOSTILE: list[Any] = [
     [1, "a", None],
     {},
     {"a": {"b": {"c": [math.nan]}}},
+    lambda: _deep(505),  # built fresh each time: deepcopy itself would exhaust the stack
+    [[[[[[[[]]]]]]]],
 ]
+REQUIRES = ["gpu=H100", "gpu!=a100", "quantization<=8", "quantization=awq", "context>=8k", "gpu_memory>=40GB",
+            "gpus>=1", "ram_mib>=1", "cpu=x86", "engine=simulated", "provider!=mallory", "hostname=n1"]  # fmt: skip
+
+
+def _hostile(rng: random.Random) -> Any:
+    """A fresh hostile value."""
+    value = rng.choice(HOSTILE)
+    return value() if callable(value) else copy.deepcopy(value)
 
 
 def honest(rng: random.Random, owner: Identity, session: str, version: int) -> NodeRecord:
@@ -97,7 +123,13 @@ def honest(rng: random.Random, owner: Identity, session: str, version: int) -> N
             "os": "Linux",
             "hostname": "n1",
         },
-        models=(ModelEntry(rng.choice(["fuzz-a", "fuzz-b", "sim"]), "simulated", {"context_length": 4096}),),
+        models=(
+            ModelEntry(
+                rng.choice(["fuzz-a", "fuzz-b", "sim"]),
+                "simulated",
+                {"context_length": 4096, "gpu": "H100", "quantization": rng.choice(["awq", "fp8", None])},
+            ),
+        ),
         started_at=now - 10,
         updated_at=now,
     )
@@ -141,7 +173,7 @@ def mutated(rng: random.Random, owners: list[Identity], sessions: dict[str, list
     if kind < 0.55:
         wire = base.to_wire()
         for _ in range(rng.randrange(1, 4)):
-            _set_path(wire, rng, copy.deepcopy(rng.choice(HOSTILE)))
+            _set_path(wire, rng, _hostile(rng))
         return "mutated_signed", _signed_wire(wire, owner)
     if kind < 0.62:
         pad = "p" * rng.choice([10_000, 70_000, 200_000])
@@ -158,10 +190,22 @@ def mutated(rng: random.Random, owners: list[Identity], sessions: dict[str, list
         victim = rng.choice([o for o in owners if o is not owner])
         record = honest(rng, victim, uuid.uuid4().hex, 1).signed(owner)
         return "wrong_signer", record.to_wire()
-    if kind < 0.91:
+    if kind < 0.88:
         wire = base.signed(owner).to_wire()
-        _set_path(wire, rng, copy.deepcopy(rng.choice(HOSTILE)))
+        _set_path(wire, rng, _hostile(rng))
         return "tampered", wire
+    if kind < 0.94:
+        # A live record (sometimes at the highest live version), then its end: the owner's departure or
+        # another member's eviction, both one version above it.
+        if rng.random() < 0.3:
+            base = honest(rng, owner, session, 2**53 - 1)
+        live = base.signed(owner)
+        if rng.random() < 0.5:
+            end = live.tombstone().next(owner, lifecycle=Lifecycle.LEFT, reason=rng.choice(["", "bye"]))
+        else:
+            evictor = rng.choice([o for o in owners if o is not owner])
+            end = live.tombstone(version=live.version + 1, reason="suspected").signed(evictor)
+        return "live_then_left", [live.to_wire(), end.to_wire()]
     garbage: Any = rng.choice([{}, {"session_id": 1}, [], "record", 7, {"version": math.nan}, None])
     return "garbage", garbage
 
@@ -174,7 +218,7 @@ def _signed_wire(wire: dict[str, Any], owner: Identity) -> dict[str, Any]:
     body["signer"] = owner.peer_id
     try:
         signature = owner.sign(_DOMAIN + _canonical(body))
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, RecursionError):
         signature = b"\0" * 64
     return {**body, "signature": signature}
 
@@ -194,11 +238,33 @@ def _strict_json(text: str) -> Any:
     return json.loads(text, parse_constant=refuse)
 
 
+async def route(mesh: LocalMesh, rng: random.Random, result: dict[str, Any]) -> None:
+    """One chat request for a fuzzed model with QoS constraints: any answer but a 500, with JSON, is fine
+    (the fuzzed replicas are not reachable, so 502/503 are expected)."""
+    model = rng.choice(["fuzz-a", "fuzz-b", "sim"])
+    require = ",".join(rng.sample(REQUIRES, rng.randrange(1, 3)))
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    try:
+        async with asyncio.timeout(30):
+            async with mesh.http().post(
+                mesh.api + "/chat/completions", json=body, headers={"X-Otela-Require": require}
+            ) as resp:
+                text = await resp.text()
+                if resp.status == 500 or resp.status > 504:
+                    raise ValueError(f"status {resp.status}: {text[:200]}")
+                _strict_json(text)
+        result["routed"] += 1
+    except Exception as exc:  # a failure of routing over fuzzed records is what we are looking for
+        result["failures"].append(f"POST {model} require {require}: {exc!r}"[:300])
+
+
 async def poll(mesh: LocalMesh, stop: asyncio.Event, result: dict[str, Any]) -> None:
-    """Read every view until `stop`; count answers and failures."""
-    paths = ["/models", "/dnt/table", "/dnt/stats", "/health"]
+    """Read every view and route a request until `stop`; count answers and failures."""
+    paths = ["/models", "/dnt/table", "/dnt/peers", "/dnt/stats", "/health"]
     http = mesh.http()
+    rng = random.Random(7)
     while not stop.is_set():
+        await route(mesh, rng, result)
         for path in paths:
             try:
                 async with http.get(mesh.api + path) as resp:
@@ -225,7 +291,7 @@ async def fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
     rng = random.Random(seed)
     owners = [Identity.generate() for _ in range(48)]
     sessions: dict[str, list[str]] = {o.peer_id: [] for o in owners}
-    result: dict[str, Any] = {"polls": 0, "failures": [], "sent_by_kind": {}}
+    result: dict[str, Any] = {"polls": 0, "routed": 0, "failures": [], "sent_by_kind": {}}
     sim = [*OTELA, "engine", "simulated", "--model", "sim", "--ttft-ms", "1"]
     started = time.perf_counter()
     async with LocalMesh(workdir) as mesh:
@@ -250,14 +316,15 @@ async def fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
                 size = 0
                 while len(batch) < BATCH_RECORDS and sent + len(batch) < count:
                     kind, wire = mutated(rng, owners, sessions)
-                    if not _packable(wire):
-                        kind, wire = "unencodable_replaced", {"session_id": None}
-                    n = len(msgpack.packb(wire, use_bin_type=True))
+                    wires = (wire if kind == "live_then_left" else [wire])[: count - sent - len(batch)]
+                    if not _packable({"t": "push", "r": wires}):  # as deep as the message it rides in
+                        kind, wires = "unencodable_replaced", [{"session_id": None}]
+                    n = len(msgpack.packb(wires, use_bin_type=True))
                     if size + n > BATCH_BYTES:
                         break
-                    batch.append(wire)
+                    batch.extend(wires)
                     size += n
-                    result["sent_by_kind"][kind] = result["sent_by_kind"].get(kind, 0) + 1
+                    result["sent_by_kind"][kind] = result["sent_by_kind"].get(kind, 0) + len(wires)
                 i = rng.randrange(len(members))
                 stream = await members[i].open_stream(peers[i], PROTO_GOSSIP)
                 await write_msg(stream, {"t": "push", "r": batch})
@@ -275,6 +342,11 @@ async def fuzz(count: int, seed: int, workdir: Path) -> dict[str, Any]:
             stats = await mesh.get_json("/dnt/stats")
             for m in members:
                 await m.aclose()
+        # A record that crashes a handler shows in no view: the ingress's log is where it would.
+        log = ingress.log_text()
+        if crashes := log.count("Traceback"):
+            first = log[log.index("Traceback") :][:300]
+            result["failures"].append(f"the ingress logged {crashes} tracebacks, the first: {first!r}")
         registry = stats["registry"]
         result.update(
             records_sent=sent,
@@ -300,7 +372,8 @@ def render_markdown(result: dict[str, Any]) -> str:
     counters = "\n".join(f"| {k} | {v} |" for k, v in result["registry_counters"].items())
     rss = result["rss_mib"]
     verdict = (
-        "No view ever answered anything but 200 with strict JSON."
+        "No view ever answered anything but 200 with strict JSON, no routed request a 500, and the ingress "
+        "logged no traceback."
         if result["failure_count"] == 0
         else f"**{result['failure_count']} failures**: {result['failures'][:5]}"
     )
@@ -309,12 +382,17 @@ def render_markdown(result: dict[str, Any]) -> str:
 `python benchmarks/fuzz_records.py --records {result["records_sent"]} --seed {result["seed"]}`: a live ingress
 (a real `otela start` process) and one simulated worker; four member hosts push {result["records_sent"]:,}
 random and mutated records over gossip, signed by 48 member identities, while a poller reads `/v1/models`,
-`/v1/dnt/table`, `/v1/dnt/stats` and `/v1/health` ({result["polls"]:,} reads) and the ingress's RSS is sampled.
+`/v1/dnt/table`, `/v1/dnt/peers`, `/v1/dnt/stats` and `/v1/health` ({result["polls"]:,} reads), sends
+{result["routed"]:,} chat requests for the fuzzed models with QoS constraints (`X-Otela-Require`), and the
+ingress's RSS is sampled.
 Took {result["seconds"]} s; load average at the end {result["load_average"]}.
 
 **Result.** {verdict} The ingress stayed up: {result["ingress_alive"]}. RSS {rss["start"]} MiB at the start,
 {rss["peak"]} MiB at the peak, {rss["end"]} MiB at the end; the registry held
-{result["registry_records_at_end"]} records at the end.
+{result["registry_records_at_end"]} records at the end. What bounds it: per member, at most
+`max_sessions_per_peer` (8) live sessions of at most `max_record_bytes` (64 KiB) each, `write_rate` writes, and
+`max_tombstones_per_signer` (1024) ends of sessions the ingress never saw; most records held at the end are such
+tombstones (the *live_then_left* cases), a few hundred bytes each.
 
 What was sent:
 
@@ -330,10 +408,13 @@ What the ingress's registry counted (`/v1/dnt/stats`, `registry`):
 
 Kinds: *honest* records as real nodes write them (most are refused by the per-peer write rate and session
 limits once a member has used its burst); *mutated_signed*, one to three fields or nested values replaced by a
-hostile value (wrong type, NaN, infinities, 2^63, huge strings, nested maps) and then validly signed;
+hostile value (wrong type, NaN, infinities, 2^53 and 2^63, huge strings, maps nested 505 deep) and then
+validly signed;
 *oversized* (10 KB to 200 KB of padding in a model's settings); *left_with_payload*, a LEFT record still
 carrying addresses and models; *future*, stamped 10 minutes to 30 years ahead; *wrong_signer*, a member's
-record signed by another; *tampered*, changed after signing; *garbage*, maps and values that are not records.
+record signed by another; *tampered*, changed after signing; *live_then_left*, a valid live record (a third of
+them at version 2^53 - 1) followed by its owner's departure or another member's eviction; *garbage*, maps and
+values that are not records.
 """
 
 

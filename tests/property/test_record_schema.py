@@ -6,6 +6,7 @@ The strategy builds records shaped like honest ones with any field (or any neste
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
@@ -14,11 +15,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from opentela._types import Lifecycle
-from opentela.cli.status import hardware_text
+from opentela.cli.status import hardware_text, status_table
 from opentela.fabric.identity import Identity
-from opentela.gateway.constraints import parse_constraints, satisfying
+from opentela.gateway.constraints import describe_observed, parse_constraints, satisfying
 from opentela.gateway.policies.weights import replica_weight
 from opentela.gateway.routes.infra import _hardware_summary, _replica
 from opentela.registry.record import MAX_RECORD_BYTES, ModelEntry, NodeRecord
@@ -89,6 +91,8 @@ model_settings = st.dictionaries(
     max_size=5,
 )
 timestamp = st.one_of(st.floats(0, NOW + 10), hostile)
+# Text a member chooses freely: console markup, HTML, control characters.
+member_text = st.sampled_from(["lab", "[/]", "[bold]x", "<b>", "\x1b[31m", ""]) | st.text(max_size=20)
 
 
 @st.composite
@@ -98,12 +102,14 @@ def wire_records(draw: st.DrawFn) -> dict[str, Any]:
     record = NodeRecord(
         session_id="s-1",
         peer_id=OWNER.peer_id,
-        provider_id="lab",
+        provider_id=draw(member_text),
         lifecycle=lifecycle,
         version=draw(st.integers(0, 2**64)),
-        addrs=("127.0.0.1:1",),
+        addrs=(draw(member_text),),
+        roles=(draw(member_text),),
+        reason=draw(member_text),
         hardware=draw(hardware),
-        models=(ModelEntry("m", "sim", draw(model_settings)),),
+        models=(ModelEntry("m", draw(member_text), draw(model_settings)),),
         started_at=draw(timestamp),
         updated_at=draw(timestamp),
     )
@@ -131,10 +137,35 @@ def test_every_record_that_passes_validation_renders_in_every_view(wire: dict[st
     _renders(_replica(gw, record, "m"))  # type: ignore[arg-type]
     _renders({"created": int(min([record.started_at]))})
     hardware_text(record.to_json()["hardware"])
+    peers = [{"peer_id": record.peer_id, "suspected": True}]
+    Console(file=io.StringIO(), width=160).print(status_table("mesh", [record.to_json()], peers))
     assert math.isfinite(replica_weight(record, "m"))
-    for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1"):
-        satisfying([record], "m", parse_constraints(text))
+    for text in ("gpu=H100", "gpu_memory>=1GiB", "context>=1024", "quantization<=8", "ram_mib>=1", "cpu=x"):
+        for constraint in parse_constraints(text):
+            satisfying([record, record], "m", [constraint])
+            describe_observed([record, record], "m", constraint)
     assert record.version < 2**53 and math.isfinite(record.updated_at)
+
+
+EVICTOR = Identity.generate()
+
+
+@settings(max_examples=300, deadline=None)
+@given(wire_records())
+def test_the_departure_and_eviction_of_every_valid_record_are_valid_tombstones(wire: dict[str, Any]) -> None:
+    try:
+        record = NodeRecord.from_wire(wire)
+    except ValueError:
+        return
+    departure = record.tombstone().next(OWNER, lifecycle=Lifecycle.LEFT, updated_at=NOW)
+    eviction = record.tombstone(version=record.version + 1, reason="suspected", updated_at=NOW).signed(
+        EVICTOR
+    )
+    for left in (departure, eviction):
+        back = NodeRecord.from_wire(left.to_wire())  # what every peer does with it
+        assert back == left and back.verify()
+        assert not (back.addrs or back.hardware or back.models)  # only what merge and GC need
+        _renders(back.to_json())
 
 
 @given(st.integers(MAX_RECORD_BYTES, 4 * MAX_RECORD_BYTES))

@@ -11,6 +11,7 @@ from typing import Any
 import aiohttp
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from opentela.cli._process import run_async
 from opentela.errors import PeerUnreachableError
@@ -67,21 +68,17 @@ async def fetch_mesh(ingress: str) -> tuple[list[dict[str, Any]], list[dict[str,
     return table, peers, notices
 
 
-async def print_status(ingress: str, *, as_json: bool = False) -> int:
-    """Print the nodes of the mesh with state, hardware and models, then the ingress's warnings."""
-    table, peers, notices = await fetch_mesh(ingress)
-    if as_json:
-        print(json.dumps({"nodes": table, "peers": peers, "notices": notices}, indent=2))
-        return 0
+def status_table(title: str, table: list[dict[str, Any]], peers: list[dict[str, Any]]) -> Table:
+    """The node table of `otela status` from the ingress's registry table and peer list."""
     suspected = {p.get("peer_id") for p in peers if p.get("suspected")}
-    out = Table(title=f"OpenTela mesh at {ingress}", show_lines=False)
+    out = Table(title=Text(title), show_lines=False)
     for col in ("node", "session", "provider", "role", "state", "hardware", "models", "address"):
         out.add_column(col, overflow="fold", no_wrap=col in ("node", "session", "state"))
     for rec in sorted(table, key=lambda r: (r.get("lifecycle", ""), r.get("provider_id", ""))):
         state = rec.get("lifecycle", "?")
         if rec.get("peer_id") in suspected and state in ("JOIN", "SERVING"):
             state += " (suspected)"
-        out.add_row(
+        cells = (
             "…" + str(rec.get("peer_id", ""))[-8:],
             str(rec.get("session_id", ""))[:8],
             str(rec.get("provider_id", "")),
@@ -93,6 +90,18 @@ async def print_status(ingress: str, *, as_json: bool = False) -> int:
             or (f"- ({str(rec['reason'])[:80]})" if rec.get("reason") and state.startswith("JOIN") else "-"),
             ", ".join(rec.get("addrs", [])[:1]),
         )
+        # Every cell is text a member wrote: plain Text, so "[/]" in a provider id is not console markup.
+        out.add_row(*(Text(cell) for cell in cells))
+    return out
+
+
+async def print_status(ingress: str, *, as_json: bool = False) -> int:
+    """Print the nodes of the mesh with state, hardware and models, then the ingress's warnings."""
+    table, peers, notices = await fetch_mesh(ingress)
+    if as_json:
+        print(json.dumps({"nodes": table, "peers": peers, "notices": notices}, indent=2))
+        return 0
+    out = status_table(f"OpenTela mesh at {ingress}", table, peers)
     # A pipe or a log file has no width; do not squeeze the table into 80 columns there.
     console = Console(width=None if sys.stdout.isatty() else 160)
     console.print(out)

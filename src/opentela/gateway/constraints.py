@@ -75,7 +75,8 @@ class Constraint:
         settings: Mapping[str, Any] = entry.settings if entry is not None else {}
         key = self.key
         if key == "gpu":
-            names = [settings["gpu"]] if settings.get("gpu") else []
+            # A setting is any scalar the schema allows (a member may write `gpu: 1`): compare its text.
+            names = [str(settings["gpu"])] if settings.get("gpu") else []
             names += [
                 str(g.get("name", "")) for g in record.hardware.get("gpus") or () if isinstance(g, Mapping)
             ]

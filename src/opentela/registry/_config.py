@@ -126,6 +126,13 @@ class RegistryConfig:
             "refused until old ones leave (a restarted node has two for a while)."
         },
     )
+    max_tombstones_per_signer: int = field(
+        default=1024,
+        metadata={
+            "help": "LEFT records signed by one member kept until compaction; past it, the end of a session this "
+            "node never saw is refused when that member signed it (the end of a session it holds always merges)."
+        },
+    )
     write_rate: float = field(
         default=0.5,
         metadata={
@@ -135,6 +142,13 @@ class RegistryConfig:
     )
     write_burst: int = field(
         default=30, metadata={"help": "Record writes one owner may make at once before write_rate applies."}
+    )
+    max_record_bytes: int = field(
+        default=64 * 1024,
+        metadata={
+            "help": "Largest record (msgpack) taken from a peer; larger ones are refused as malformed. An "
+            "honest record is 1-3 KB; every node of a mesh should use the same value."
+        },
     )
     max_records_per_message: int = field(
         default=256, metadata={"help": "Records per gossip message when sending a delta."}
@@ -164,8 +178,14 @@ class RegistryConfig:
             raise ConfigError("[registry] local_health_limit must be >= 0")
         if self.indirect_probes < 0 or self.retransmit_mult < 1 or self.max_piggyback < 1:
             raise ConfigError("[registry] indirect_probes >= 0, retransmit_mult >= 1 and max_piggyback >= 1")
-        if self.max_sessions_per_peer < 1 or self.write_burst < 1:
-            raise ConfigError("[registry] max_sessions_per_peer and write_burst must be at least 1")
+        if self.max_record_bytes < 4096:
+            raise ConfigError(
+                "[registry] max_record_bytes must be at least 4096 (an honest record is 1-3 KB)"
+            )
+        if self.max_sessions_per_peer < 1 or self.write_burst < 1 or self.max_tombstones_per_signer < 1:
+            raise ConfigError(
+                "[registry] max_sessions_per_peer, max_tombstones_per_signer and write_burst must be at least 1"
+            )
         if self.eviction_quorum < 1 or self.eviction_signer_limit < 1:
             raise ConfigError("[registry] eviction_quorum and eviction_signer_limit must be at least 1")
         if self.tombstone_retention <= self.left_retention:

@@ -199,11 +199,11 @@ class Gossip:
             kind = first.get("t")
             if kind == "push":
                 self.counters["pushes_received"] += 1
-                self.registry.apply_wire(first.get("r", []))
+                self.registry.apply_wire(_pushed(first))
                 with contextlib.suppress(asyncio.IncompleteReadError):
                     while True:
                         more = await self._recv(stream)
-                        self.registry.apply_wire(more.get("r", []))
+                        self.registry.apply_wire(_pushed(more))
             elif kind == "sum":
                 ours = self.registry.digest()
                 if first.get("h") == digest_hash(ours):
@@ -255,6 +255,14 @@ class Gossip:
             if msg.get("t") != "recs" or not isinstance(batch, list):
                 raise ProtocolError("expected gossip records")
             out.extend(batch)
+
+
+def _pushed(msg: dict[str, Any]) -> list[Any]:
+    """The records of a push message; ProtocolError when it holds anything but a list of them."""
+    batch = msg.get("r", [])
+    if msg.get("t") != "push" or not isinstance(batch, list):
+        raise ProtocolError("expected pushed gossip records")
+    return batch
 
 
 def _parse_digest(msg: dict[str, Any]) -> Digest:

@@ -23,7 +23,8 @@ MAX_MEMBERSHIP_BYTES = 1024
 MAX_RECORD_BYTES = 64 * 1024
 """Largest record on the wire: an honest record is 1-3 KB, with room for many models and GPUs."""
 MAX_VERSION = 2**53
-"""Versions stay exact in JSON and leave room for evictions (version + 1) without overflowing int64."""
+"""Live versions stay below this, exact in JSON; a LEFT record may reach it, so the eviction (version + 1) of any
+record that passed is itself valid everywhere."""
 MAX_TIMESTAMP = 1e10
 """Unix seconds (year 2286): a static bound; receivers also refuse records stamped ahead of their own clock."""
 MAX_SETTINGS = 32
@@ -149,20 +150,23 @@ class NodeRecord:
         return _DOMAIN + _canonical(body)
 
     @classmethod
-    def from_wire(cls, obj: Any) -> NodeRecord:
-        """Validate and build a record from untrusted input; ValueError on anything malformed."""
+    def from_wire(cls, obj: Any, *, max_bytes: int = MAX_RECORD_BYTES) -> NodeRecord:
+        """Validate and build a record from untrusted input of at most `max_bytes`; ValueError on anything
+        malformed."""
         if not isinstance(obj, dict):
             raise ValueError("a record must be a map")
         try:
             size = len(msgpack.packb(obj, use_bin_type=True))
         except (TypeError, ValueError, OverflowError) as exc:
             raise ValueError(f"malformed record: {exc!r}") from None
-        if size > MAX_RECORD_BYTES:
-            raise ValueError(f"record of {size} bytes is over the {MAX_RECORD_BYTES}-byte limit")
+        if size > max_bytes:
+            raise ValueError(f"record of {size} bytes is over the {max_bytes}-byte limit")
         try:
             return _validated(obj)
-        except (KeyError, TypeError, OverflowError) as exc:
-            raise ValueError(f"malformed record: {exc!r}") from None
+        except (KeyError, TypeError, OverflowError, RecursionError) as exc:
+            # RecursionError: nesting msgpack accepts but no record has (the schema checks shape before
+            # walking anything deep; this is the backstop).
+            raise ValueError(f"malformed record: {type(exc).__name__}") from None
 
     # --- signing ------------------------------------------------------------------------------------------
     def signed(self, identity: Identity) -> NodeRecord:
@@ -329,16 +333,19 @@ def _model_entry(m: Any) -> ModelEntry:
 
 
 def _validated(obj: dict[str, Any]) -> NodeRecord:
-    version = obj["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < MAX_VERSION:
-        raise ValueError("record version must be an integer in [0, 2^53)")
     lifecycle = obj["lifecycle"]
     if isinstance(lifecycle, bool) or lifecycle not in {int(x) for x in Lifecycle}:
         raise ValueError(f"unknown lifecycle {lifecycle!r}")
+    version = obj["version"]
+    # A tombstone may be one above the live bound: it is the eviction (or departure) of a live record.
+    top = MAX_VERSION if lifecycle == Lifecycle.LEFT else MAX_VERSION - 1
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= top:
+        raise ValueError("record version must be an integer in [0, 2^53) (LEFT: [0, 2^53])")
     hardware = obj["hardware"]
-    if not isinstance(hardware, dict) or len(_canonical(hardware)) > MAX_HARDWARE_BYTES:
-        raise ValueError(f"record hardware must be a map of at most {MAX_HARDWARE_BYTES} bytes")
+    # Shape first: it walks only the known, shallow fields, so nothing deep is ever recursed into.
     _check_hardware(hardware)
+    if len(_canonical(hardware)) > MAX_HARDWARE_BYTES:
+        raise ValueError(f"record hardware must be a map of at most {MAX_HARDWARE_BYTES} bytes")
     models_raw = obj["models"]
     if not isinstance(models_raw, list | tuple) or len(models_raw) > MAX_LIST:
         raise ValueError("record models must be a list")

@@ -56,6 +56,7 @@ class Registry:
         self._eviction_listeners: list[EvictionListener] = []
         self._members: Counter[PeerId] = Counter()  # peer id -> records it owns here
         self._live_sessions: Counter[PeerId] = Counter()  # peer id -> its sessions here not yet LEFT
+        self._tombstones: Counter[PeerId] = Counter()  # signer -> the LEFT records here it signed
         self._write_buckets: dict[PeerId, tuple[float, float]] = {}  # owner -> (tokens, when counted)
         self._drop_logged: dict[str, float] = {}  # counter -> when a drop of that kind was last logged
         self.last_own: NodeRecord | None = None
@@ -97,12 +98,21 @@ class Registry:
             self._live_sessions[record.peer_id] += 1 if is_live else -1
             if self._live_sessions[record.peer_id] <= 0:
                 del self._live_sessions[record.peer_id]
+        if old is not None and old.lifecycle is Lifecycle.LEFT:
+            self._forget_tombstone(old)
+        if record.lifecycle is Lifecycle.LEFT:
+            self._tombstones[record.signer] += 1
         if record.session_id == self.session_id and record.signer == self.identity.peer_id:
             self.last_own = record
         self.views.update(old, record)
         for listener in self._listeners:
             listener(record, local)
         return True
+
+    def _forget_tombstone(self, record: NodeRecord) -> None:
+        self._tombstones[record.signer] -= 1
+        if self._tombstones[record.signer] <= 0:
+            del self._tombstones[record.signer]
 
     def on_evicted(self, listener: EvictionListener) -> None:
         """Register a listener for the eviction of our own session by another member."""
@@ -261,6 +271,12 @@ class Registry:
             live = self._live_sessions.get(record.peer_id, 0)
             if live >= self.config.max_sessions_per_peer:
                 return "rejected_session_limit"
+        if current is None and record.lifecycle is Lifecycle.LEFT:
+            # The end of a session this replica never saw stops nothing here; it only adds weight, for
+            # tombstone_retention. Counted by signer: peer ids are free to make up, signers must be members.
+            # Ends of sessions held here always merge.
+            if self._tombstones.get(record.signer, 0) >= self.config.max_tombstones_per_signer:
+                return "rejected_tombstone_limit"
         if record.signer == record.peer_id and not self._write_allowed(record.peer_id, now):
             return "rejected_write_rate"
         return None
@@ -296,7 +312,7 @@ class Registry:
         records = []
         for obj in objs:
             try:
-                records.append(NodeRecord.from_wire(obj))
+                records.append(NodeRecord.from_wire(obj, max_bytes=self.config.max_record_bytes))
             except ValueError as exc:
                 self._dropped("rejected_malformed", "dropped a malformed record: %s", exc)
         return self.apply_remote(records)
@@ -357,6 +373,8 @@ class Registry:
                     self._live_sessions[removed.peer_id] -= 1
                     if self._live_sessions[removed.peer_id] <= 0:
                         del self._live_sessions[removed.peer_id]
+                else:
+                    self._forget_tombstone(removed)
                 self._members[removed.peer_id] -= 1
                 if self._members[removed.peer_id] <= 0:
                     del self._members[removed.peer_id]

@@ -51,6 +51,24 @@ async def test_a_peer_sending_garbage_does_not_stop_gossip() -> None:
         assert nodes[0].registry.stats()["rejected_malformed"] == 2
 
 
+async def test_a_push_whose_records_are_not_a_list_is_a_protocol_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with swarm(2, RegistryConfig(anti_entropy_interval=60, fanout=1)) as nodes:
+        await until(lambda: converged(nodes))
+        before = nodes[0].gossip.stats()["errors"]
+        for junk in ({"t": "push", "r": 5}, {"t": "push", "r": {"a": 1}}, {"t": "push", "r": None}):
+            stream = await nodes[1].host.open_stream(nodes[0].host.peer_id, PROTO_GOSSIP)
+            await write_msg(stream, junk)
+            await stream.write_eof()
+            with contextlib.suppress(Exception):
+                await stream.read()
+            await stream.aclose()
+        # Counted as gossip errors like any other bad message, never a handler crash with a traceback.
+        await until(lambda: nodes[0].gossip.stats()["errors"] >= before + 3, timeout=5)
+        assert not [r for r in caplog.records if "failed" in r.getMessage() and r.exc_info]
+
+
 async def test_disconnect_suspects_at_once_and_a_probe_clears_it() -> None:
     async with swarm(
         2, RegistryConfig(anti_entropy_interval=60, probe_interval=0.05, probe_timeout=0.5)

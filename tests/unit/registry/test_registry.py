@@ -211,3 +211,35 @@ def test_own_record_is_never_overwritten_by_an_echo(registry: Registry, me: Iden
     forged_newer = registry.local.next(me, lifecycle=Lifecycle.LEFT)
     assert registry.apply_remote([forged_newer]) == []
     assert registry.local.lifecycle is Lifecycle.JOIN
+
+
+def test_tombstones_of_unseen_sessions_are_capped_per_signer_and_ends_of_held_sessions_always_merge(
+    me: Identity,
+) -> None:
+    clock = Clock()
+    config = RegistryConfig(
+        max_tombstones_per_signer=3, left_retention=100, tombstone_retention=1000, refresh_interval=10
+    )
+    registry = Registry(me, record_for(me, "local", updated_at=clock.now), config=config, clock=clock)
+    evictor, owner = Identity.generate(), Identity.generate()
+    held = record_for(owner, "held", lifecycle=Lifecycle.SERVING, updated_at=clock.now)
+    registry.apply_remote([record_for(evictor, "evictor", updated_at=clock.now), held])
+
+    def ending(session: str) -> NodeRecord:
+        # The end of a session this replica never saw, of a peer id made up for it.
+        ghost = record_for(Identity.generate(), session, lifecycle=Lifecycle.SERVING, updated_at=clock.now)
+        return ghost.tombstone(version=2, reason="suspected", updated_at=clock.now).signed(evictor)
+
+    assert len(registry.apply_remote([ending(f"ghost-{i}") for i in range(5)])) == 3
+    assert registry.stats()["rejected_tombstone_limit"] == 2
+    # Past the cap, the end of a session held here still merges: it is what stops it.
+    eviction = held.tombstone(version=held.version + 1, reason="suspected", updated_at=clock.now).signed(
+        evictor
+    )
+    assert registry.apply_remote([eviction]) == [eviction]
+    assert registry.get("held") == eviction
+    # Compaction frees the allowance.
+    clock.now += 1001
+    registry.apply_remote([record_for(evictor, "evictor", version=2, updated_at=clock.now)])
+    registry.collect_garbage()
+    assert len(registry.apply_remote([ending("ghost-late")])) == 1
