@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from opentela.cli.localmesh import OTELA, LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh, embedded_engine_argv
+from opentela.engines.embedded import MODEL_ID
 
 pytestmark = pytest.mark.integration
 
@@ -43,10 +44,18 @@ def body() -> dict[str, Any]:
     }
 
 
-async def stream(mesh: LocalMesh, *, kill: bool, headers: dict[str, str] | None = None) -> list[Any]:
-    """The events of one streamed chat; with `kill`, the serving node dies after `KILL_AFTER` content events."""
+async def stream(
+    mesh: LocalMesh,
+    *,
+    kill: bool,
+    headers: dict[str, str] | None = None,
+    request: dict[str, Any] | None = None,
+    after: int = KILL_AFTER,
+) -> list[Any]:
+    """The events of one streamed chat; with `kill`, the serving node dies after `after` content events."""
     events: list[Any] = []
-    async with mesh.http().post(f"{mesh.api}/chat/completions", json=body(), headers=headers) as resp:
+    payload = {**body(), **(request or {})}
+    async with mesh.http().post(f"{mesh.api}/chat/completions", json=payload, headers=headers) as resp:
         assert resp.status == 200
         serving = PROVIDERS[resp.headers["X-Otela-Provider"]]
         content = 0
@@ -59,7 +68,7 @@ async def stream(mesh: LocalMesh, *, kill: bool, headers: dict[str, str] | None 
                 c["delta"].get("content") for c in events[-1].get("choices", [])
             ):
                 content += 1
-                if kill and content == KILL_AFTER:
+                if kill and content == after:
                     mesh.nodes[serving].signal(signal.SIGKILL, group=True)
     return events
 
@@ -95,3 +104,30 @@ async def test_a_stream_that_opted_out_ends_with_the_error_event(mesh: LocalMesh
     assert "[DONE]" not in events
     assert "error" in events[-1] and events[-1]["error"]["code"] in ("engine_crashed", "connection_closed")
     assert len(text_of(events)) > 0
+
+
+async def test_the_embedded_engine_continues_a_killed_stream(tmp_path: Path) -> None:
+    async with LocalMesh(tmp_path) as m:
+        await m.start_ingress()
+        for provider, name in PROVIDERS.items():
+            await m.add_worker(name, embedded_engine_argv(threads=1), provider=provider)
+        await m.wait_serving(MODEL_ID, 2, timeout=90)
+        request = {
+            "model": MODEL_ID,
+            "messages": [{"role": "user", "content": "Count from 1 to 100, one number per line."}],
+            "max_tokens": 120,
+            "temperature": 0,
+        }
+        events = await asyncio.wait_for(stream(m, kill=True, request=request, after=5), timeout=90)
+        assert events[-1] == "[DONE]", events[-3:]
+        chunks = events[:-1]
+        assert not any("error" in e for e in chunks), chunks
+        assert len({(e["id"], e["created"], e["model"]) for e in chunks}) == 1
+        roles = [c["delta"].get("role") for e in chunks for c in e["choices"] if c["delta"].get("role")]
+        assert roles == ["assistant"]
+        usage = chunks[-1]["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+        assert usage["completion_tokens"] >= sum(
+            1 for e in chunks for c in e["choices"] if c["delta"].get("content")
+        )
+        assert "resumed stream" in m.nodes["ingress"].log_text()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from meshkit import MODEL, chat, gateway_kit
+
+from opentela.engines.simulated import SimulatedConfig
 from opentela.gateway.resume import CHAT_PATH, COMPLETIONS_PATH, StreamSplice, resumable, wanted
 
 
@@ -185,3 +188,29 @@ def test_unparseable_events_pass_through_and_block_a_resume() -> None:
     assert splice.feed(b"data: not json\n\n") == b"data: not json\n\n"
     assert not splice.can_resume
     assert splice.feed(b"data: {}\n\n") == b"data: {}\n\n"
+
+
+async def test_a_gateway_resumes_a_crashed_stream_into_one_stream() -> None:
+    async with gateway_kit(policy="round_robin") as kit:
+        await kit.replica("a", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
+        await kit.replica("b", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
+        await kit.replica("c", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1))
+        body = chat(max_tokens=5, stream=True)
+        body["stream_options"] = {"include_usage": True}
+        async with kit.http.post(kit.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            got = events(await resp.read())
+        assert got[-1] == "[DONE]"
+        chunks = got[:-1]
+        assert not any("error" in c for c in chunks)
+        assert len({c["id"] for c in chunks}) == 1
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == "lorem ipsum dolor sit amet "  # each replica went on where the last one stopped
+        usage = chunks[-1]["usage"]
+        assert usage["completion_tokens"] == 5
+        assert usage["total_tokens"] == usage["prompt_tokens"] + 5
+        seen = [kit.requests_seen(r) for r in "abc"]
+        assert max(seen) == 1 and kit.requests_seen("c") == 1  # no replica asked twice, the healthy one last
+        counter = kit.gateway.metrics.resumes
+        resumes = sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+        assert resumes == sum(seen) - 1 >= 1
