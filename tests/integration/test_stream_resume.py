@@ -122,7 +122,8 @@ async def test_the_embedded_engine_continues_a_killed_stream(tmp_path: Path) -> 
         assert events[-1] == "[DONE]", events[-3:]
         chunks = events[:-1]
         assert not any("error" in e for e in chunks), chunks
-        assert len({(e["id"], e["created"], e["model"]) for e in chunks}) == 1
+        # llama.cpp stamps each chunk with its own time, so `created` may step within one stream.
+        assert len({(e["id"], e["model"]) for e in chunks}) == 1
         roles = [c["delta"].get("role") for e in chunks for c in e["choices"] if c["delta"].get("role")]
         assert roles == ["assistant"]
         usage = chunks[-1]["usage"]
