@@ -186,6 +186,7 @@ class Forwarder:
             self._end(attempt, call.routed, ok=False, err=err, reset="stream abandoned")
             resumed = await self._resume(call, err) if splice is not None else None
             if resumed is None:
+                call.attempt = attempt  # the client's answer came from the replica that broke
                 call.error = err
                 return err
             attempt, chunk = resumed
