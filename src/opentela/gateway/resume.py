@@ -99,6 +99,11 @@ class StreamSplice:
         if self.blocked is not None and not self._pending and not self.resumes:
             return chunk  # nothing more to learn or to rewrite
         data = self._pending + chunk
+        if b"\r" in chunk and not self.resumes:
+            # Events split by CRLF are left alone rather than held back waiting for an LF boundary.
+            self._block("CRLF line ends")
+            self._pending = b""
+            return data
         end = data.rfind(b"\n\n")
         if end < 0:
             self._pending = data

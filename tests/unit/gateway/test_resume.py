@@ -214,3 +214,9 @@ async def test_a_gateway_resumes_a_crashed_stream_into_one_stream() -> None:
         counter = kit.gateway.metrics.resumes
         resumes = sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
         assert resumes == sum(seen) - 1 >= 1
+
+
+def test_crlf_events_pass_through_at_once() -> None:
+    splice = StreamSplice(CHAT_PATH)
+    assert splice.feed(b"data: {}\r\n\r\n") == b"data: {}\r\n\r\n"
+    assert not splice.can_resume
