@@ -82,24 +82,54 @@ def _max_tokens(body: dict[str, Any], default: int) -> int:
     return value
 
 
-def _prompt_text(body: dict[str, Any], chat: bool) -> tuple[str, int]:
-    """The prompt's text and how many messages or prompts it has."""
-    if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _invalid("messages must be a non-empty list")
-        parts: list[str] = []
-        for m in messages:
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # multi-part content: count the text parts
-                content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            parts.append(str(content or ""))
-        return "\n".join(parts), len(messages)
-    prompt = body.get("prompt", "")
-    if isinstance(prompt, list):
-        # A list of token ids counts four characters per id so the estimate maps back to one token each.
-        return " ".join(str(p) if isinstance(p, str) else "xxxx" for p in prompt), 1
-    return str(prompt), 1
+def _content_text(message: Any) -> str:
+    content = message.get("content") if isinstance(message, dict) else None
+    if isinstance(content, list):  # multi-part content: count the text parts
+        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def _continued(body: dict[str, Any], messages: list[Any]) -> bool:
+    """Whether a chat continues its final assistant message (vLLM's fields), checked as vLLM checks them."""
+    cont, gen = body.get("continue_final_message", False), body.get("add_generation_prompt", True)
+    if not isinstance(cont, bool) or not isinstance(gen, bool):
+        raise _invalid("continue_final_message and add_generation_prompt must be booleans")
+    if not cont:
+        return False
+    if gen:
+        raise _invalid("continue_final_message and add_generation_prompt cannot both be true")
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        raise _invalid("continue_final_message needs a final assistant message")
+    return True
+
+
+def _words_continued(body: dict[str, Any], chat: bool) -> int:
+    """Filler words already written when a chat continues its final message: the text goes on from there."""
+    if not chat or body.get("continue_final_message") is not True:
+        return 0
+    return len(_content_text(body["messages"][-1]).split())
+
+
+def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
+    """The prompt's token count, as the timing model and usage see it."""
+    if not chat:
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            # A list of token ids counts four characters per id so the estimate maps back to one token each.
+            prompt = " ".join(str(p) if isinstance(p, str) else "xxxx" for p in prompt)
+        return estimate_text_tokens(str(prompt))
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _invalid("messages must be a non-empty list")
+    if not _continued(body, messages):
+        text = "\n".join(_content_text(m) for m in messages)
+        return estimate_text_tokens(text) + CHAT_TOKENS_PER_MESSAGE * len(messages)
+    # A continued message is filler this simulator wrote: one token a word, as when it was generated, in place
+    # of the generation prompt. A continuation's prompt is then the original's plus the delivered tokens.
+    text = "\n".join(_content_text(m) for m in messages[:-1])
+    earlier = estimate_text_tokens(text) + CHAT_TOKENS_PER_MESSAGE * (len(messages) - 1)
+    return earlier + len(_content_text(messages[-1]).split())
 
 
 class SimulatedHandlers:
@@ -209,7 +239,7 @@ class SimulatedHandlers:
             return await self._hang(request)
         try:
             body = await self._parse(request)
-            prompt, n_messages = _prompt_text(body, chat)
+            prompt_tokens = _prompt_tokens(body, chat)
             max_tokens = _max_tokens(body, self.config.default_max_tokens)
         except _BadRequest as bad:
             return bad.response
@@ -220,7 +250,6 @@ class SimulatedHandlers:
             return self._disconnect(request)
         if fate in ERROR_KINDS:
             return _simulated_failure(fate)
-        prompt_tokens = estimate_text_tokens(prompt) + (CHAT_TOKENS_PER_MESSAGE * n_messages if chat else 0)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
@@ -235,6 +264,7 @@ class SimulatedHandlers:
                 stream = bool(body.get("stream"))
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 gen = _Generation(self, request, chat, max_tokens, usage, start, fate == "crash")
+                gen.first_word = _words_continued(body, chat)
                 if stream:
                     return await gen.stream(include_usage)
                 return await gen.complete()
@@ -317,6 +347,7 @@ class _Generation:
         self.crash = crash
         self.ttft = handlers.timing.ttft(usage["prompt_tokens"])
         self.id = handlers.next_id("chatcmpl" if chat else "cmpl")
+        self.first_word = 0
         self.created = int(time.time())
 
     def _itl(self) -> float:
@@ -335,7 +366,7 @@ class _Generation:
         for _ in range(1, self.n_tokens):
             due += self._itl()
             await _sleep_until(due)
-        text = "".join(_token(k) for k in range(self.n_tokens))
+        text = "".join(_token(self.first_word + k) for k in range(self.n_tokens))
         model = self.handlers.config.model
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
@@ -351,13 +382,13 @@ class _Generation:
     def _chunk(self, k: int | None, include_usage: bool) -> bytes:
         model = self.handlers.config.model
         if self.chat:
-            delta: dict[str, Any] = {} if k is None else {"content": _token(k)}
+            delta: dict[str, Any] = {} if k is None else {"content": _token(self.first_word + k)}
             if k == 0:
                 delta["role"] = "assistant"
             choice: dict[str, Any] = {"index": 0, "delta": delta}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": "" if k is None else _token(k)}
+            choice = {"index": 0, "text": "" if k is None else _token(self.first_word + k)}
             obj = "text_completion"
         choice.update(logprobs=None, finish_reason="length" if k is None else None)
         chunk: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": model}

@@ -13,6 +13,7 @@ from opentela.errors import OpenTelaError
 from opentela.fabric.http_tunnel import TunnelResponseHead
 from opentela.gateway.metrics import NO_NODE
 from opentela.gateway.policies import RoutedRequest
+from opentela.gateway.resume import StreamSplice
 from opentela.gateway.routing import OTELA_METADATA_KEYS, RequestRouting
 from opentela.registry.record import NodeRecord
 
@@ -97,6 +98,8 @@ class Call:
     error: OpenTelaError | None = None
     """What failed for the client, if anything (raised, passed on as the last 5xx, or sent mid-stream)."""
     sent: int = 0
+    splice: StreamSplice | None = None
+    """Follows a stream's events so that a break after the first byte can resume on another replica."""
 
     @property
     def model(self) -> str:

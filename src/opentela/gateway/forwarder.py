@@ -4,6 +4,7 @@ relay the answer, and book every attempt and every request exactly once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from opentela.fabric.http_tunnel import (
     encode_request,
     read_response_head,
 )
+from opentela.gateway import resume
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.call import Attempt, Call, parse_body
 from opentela.gateway.metrics import NO_NODE, GatewayMetrics
@@ -106,7 +108,10 @@ class Forwarder:
             TunnelRequest("POST", path, body.raw, request_id, forwarded, self.config.server_timing)
         )
         routed = RoutedRequest(request_id, body.model, body.stream, len(body.raw), tokens=body.tokens)
-        return Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at)
+        call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at)
+        if resume.wanted(path, body.stream, headers):
+            call.splice = resume.StreamSplice(path, forwarded)
+        return call
 
     async def dispatch(self, call: Call) -> bytes:
         """The whole answer, or for an event stream its first chunk; retried elsewhere until the client has a
@@ -155,42 +160,130 @@ class Forwarder:
 
         Each chunk is written before the next is read, and `write` waits while the client's socket is full, so
         a slow reader holds back the mesh stream (and through its flow control the engine) instead of growing
-        a buffer here. After the first byte a failure can only end the stream: the caller sends it as an event.
+        a buffer here. A stream that breaks after the first byte resumes on another replica when it can
+        (gateway/resume.py), within the request's retry budget and deadline; otherwise the failure ends the
+        stream and the caller sends it as an event.
         """
         attempt = call.attempt
         assert attempt is not None and attempt.stream is not None and attempt.head is not None
-        stream, target = attempt.stream, attempt.target
-        self.metrics.ttfb.labels(call.model, target.peer_id).observe(time.perf_counter() - call.arrived)
+        self.metrics.ttfb.labels(call.model, attempt.target.peer_id).observe(
+            time.perf_counter() - call.arrived
+        )
+        splice, chunk = call.splice, first
+        while True:
+            err = await self._pipe(call, attempt, chunk, write)
+            call.status = str(attempt.head.status)
+            if err is None:
+                self._end(attempt, call.routed, ok=True)
+                return None
+            logger.warning(
+                "stream %s from %s broke after %d bytes: %s",
+                call.request_id,
+                attempt.target.session_id[:8],
+                call.sent,
+                err,
+            )
+            self._end(attempt, call.routed, ok=False, err=err, reset="stream abandoned")
+            resumed = await self._resume(call, err) if splice is not None else None
+            if resumed is None:
+                call.attempt = attempt  # the client's answer came from the replica that broke
+                call.error = err
+                return err
+            attempt, chunk = resumed
+            assert attempt.stream is not None and attempt.head is not None
+
+    async def _pipe(self, call: Call, attempt: Attempt, chunk: bytes, write: Write) -> OpenTelaError | None:
+        """Relay one upstream stream, starting with `chunk`, until it ends; the error that broke it, if any."""
+        assert attempt.stream is not None
+        stream, splice = attempt.stream, call.splice
         loop = asyncio.get_running_loop()
         deadline, idle = call.deadline, self.config.idle_timeout
-        err: OpenTelaError | None = None
-        chunk = first
         try:
             while chunk:
-                await write(chunk)
-                call.sent += len(chunk)
+                out = splice.feed(chunk) if splice is not None else chunk
+                if out:
+                    await write(out)
+                    call.sent += len(out)
                 async with asyncio.timeout_at(min(deadline, loop.time() + idle)):
                     chunk = await stream.read()
+            if splice is not None and (rest := splice.flush()):
+                await write(rest)
+                call.sent += len(rest)
         except TimeoutError:
-            err = UpstreamTimeout(
-                f"the stream from {target.session_id[:8]} went silent or ran past its deadline"
+            return UpstreamTimeout(
+                f"the stream from {attempt.target.session_id[:8]} went silent or ran past its deadline"
             )
         except (StreamResetError, ConnectionClosedError) as exc:
-            err = _mid_stream_error(exc)
-        call.status = str(attempt.head.status)
-        if err is None:
-            self._end(attempt, call.routed, ok=True)
-            return None
-        logger.warning(
-            "stream %s from %s broke after %d bytes: %s",
-            call.request_id,
-            target.session_id[:8],
-            call.sent,
-            err,
-        )
-        call.error = err
-        self._end(attempt, call.routed, ok=False, err=err, reset="stream abandoned")
-        return err
+            return _mid_stream_error(exc)
+        return None
+
+    async def _resume(self, call: Call, err: OpenTelaError) -> tuple[Attempt, bytes] | None:
+        """Continue a broken stream on a replica not yet tried: the new attempt and its first chunk, or None
+        when the stream cannot resume (the client then gets `err`)."""
+        splice = call.splice
+        assert splice is not None
+        if isinstance(err, UpstreamTimeout) and asyncio.get_running_loop().time() >= call.deadline:
+            return None  # the request's own time is up, not the replica's
+
+        def candidates() -> Sequence[NodeRecord]:
+            return self.router.eligible(call.model, call.routing)
+
+        while splice.can_resume and self.can_retry(candidates, call.tried):
+            original = json.loads(call.body.raw)
+            body = splice.continuation(original)
+            if body is None:
+                return None
+            payload = encode_request(
+                TunnelRequest(
+                    "POST",
+                    splice.path,
+                    json.dumps(body).encode(),
+                    call.request_id,
+                    splice.headers,
+                    self.config.server_timing,
+                )
+            )
+            failed = call.routed.attrs.get("failed_node", "-")
+            try:
+                async with asyncio.timeout_at(call.deadline):
+                    attempt = call.attempt = await self.open(
+                        candidates, payload, call.routed, call.routing.policy, tried=call.tried
+                    )
+                    assert attempt.head is not None
+                    if attempt.head.status != 200 or not attempt.event_stream:
+                        # A continuation the engine refused: its answer cannot be spliced into a stream.
+                        self._end(attempt, call.routed, ok=False, reset="continuation refused")
+                        logger.warning(
+                            "stream %s: replica %s refused the continuation (%d)",
+                            call.request_id,
+                            attempt.target.session_id[:8],
+                            attempt.head.status,
+                        )
+                        return None
+                    try:
+                        first = await self._first_chunk(attempt)
+                    except OpenTelaError as exc:
+                        failure = _mid_stream_error(exc)
+                        self._end(attempt, call.routed, ok=False, err=failure, reset="retrying elsewhere")
+                        if not failure.retryable:
+                            return None
+                        continue
+            except TimeoutError:
+                return None
+            except OpenTelaError as exc:
+                logger.warning("stream %s could not resume: %s", call.request_id, exc)
+                return None
+            splice.restart()
+            self.metrics.resumes.labels(call.model, failed).inc()
+            logger.info(
+                "resumed stream %s on %s after %d tokens (%s)",
+                call.request_id,
+                attempt.target.session_id[:8],
+                splice.tokens,
+                err,
+            )
+            return attempt, first
+        return None
 
     def client_gone(self, call: Call) -> None:
         """The client went away: the serving node hears it, so its engine stops generating for nobody."""

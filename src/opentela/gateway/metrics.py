@@ -44,6 +44,12 @@ class GatewayMetrics:
             ["model", "node"],
             registry=r,
         )
+        self.resumes = Counter(
+            "otela_stream_resumes",
+            "Streams continued on another replica after breaking mid-response, by the node that failed.",
+            ["model", "node"],
+            registry=r,
+        )
         self.in_flight = Gauge("otela_in_flight", "Attempts being served now.", ["model", "node"], registry=r)
         self.ttfb = Histogram(
             "otela_time_to_first_byte_seconds",

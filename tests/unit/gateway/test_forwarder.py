@@ -58,9 +58,9 @@ class Booked:
             lambda target, err: self.reported.append((target.session_id, err.code)),
         )
 
-    def accept(self, stream: bool = False):  # type: ignore[no-untyped-def]
+    def accept(self, stream: bool = False, headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
         raw = json.dumps(chat(stream=stream)).encode()
-        return self.forwarder.accept("rid", "/v1/chat/completions", raw, {}, 0.0)
+        return self.forwarder.accept("rid", "/v1/chat/completions", raw, headers or {}, 0.0)
 
     def each_attempt_booked_once(self) -> None:
         assert Counter(self.started) == Counter(session for session, _ in self.ended)
@@ -123,7 +123,7 @@ async def test_an_engine_5xx_is_retried_and_the_last_one_passed_on_booked_once()
     assert kit.sample("otela_errors_total", model="sim-model", node=call.node, code=call.error.code) == 1
 
 
-async def test_a_stream_broken_after_its_first_byte_is_booked_once_and_not_retried() -> None:
+async def test_a_stream_broken_after_its_first_byte_with_resume_off_is_booked_once_and_not_retried() -> None:
     peers: list[Stream] = []
 
     async def opener(target, timeout):  # type: ignore[no-untyped-def]
@@ -138,7 +138,7 @@ async def test_a_stream_broken_after_its_first_byte_is_booked_once_and_not_retri
         sent.append(chunk)
         peers[0].reset(1, "engine died")
 
-    with kit.accept(stream=True) as call:
+    with kit.accept(stream=True, headers={"X-OpenTela-Resume": "off"}) as call:
         first = await kit.forwarder.dispatch(call)
         err = await kit.forwarder.relay(call, first, write)
     assert sent == [b'data: {"n": 1}\n\n']

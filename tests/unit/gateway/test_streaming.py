@@ -21,11 +21,12 @@ async def read_events(kit, body, headers=None) -> tuple[int, dict[str, str], lis
         return resp.status, dict(resp.headers), events
 
 
-async def test_failure_after_first_byte_ends_with_an_error_event_and_no_retry() -> None:
+async def test_failure_after_first_byte_with_resume_off_ends_with_an_error_event_and_no_retry() -> None:
     async with gateway_kit(policy="round_robin") as kit:
         await kit.replica("a", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
         await kit.replica("b", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
-        status, _, events = await read_events(kit, chat(max_tokens=5, stream=True))
+        off = {"X-OpenTela-Resume": "off"}
+        status, _, events = await read_events(kit, chat(max_tokens=5, stream=True), off)
         assert status == 200
         assert json.loads(events[0])["choices"][0]["delta"]["content"]  # the first token made it
         error = json.loads(events[-1])["error"]
