@@ -1,8 +1,7 @@
 """The frontend sends each key's trust allowlist to the ingress as X-Otela-Trusted-Providers.
 
-The ingress of this build does not read that header yet, so a recording stand-in ingress (named as such: a small
-aiohttp app that answers like the gateway) shows what goes over the wire; test_mesh_usage checks the routing itself
-against the real gateway once it applies the header.
+A recording stand-in ingress (named as such: a small aiohttp app that answers like the gateway) shows what goes over
+the wire; test_mesh_usage checks the routing itself against the real gateway.
 """
 
 from __future__ import annotations
@@ -63,3 +62,18 @@ async def test_a_client_cannot_widen_the_key_allowlist(frontend: Frontend, recor
         async with http.post(frontend.url + "/v1/chat/completions", json=CHAT, headers=headers) as r:
             assert r.status == 400 and "lab-a" in (await r.json())["error"]["message"]
     assert recording_ingress[1] == []
+
+
+async def test_routing_headers_reach_the_ingress(frontend: Frontend, recording_ingress) -> None:
+    """QoS constraints, a policy choice and the resume opt-out are the ingress's to judge: passed through as sent."""
+    _, secret = await frontend.state.keys.create(KeySettings())
+    sent = {"X-Otela-Require": "gpu=H100", "X-Otela-Policy": "least_loaded", "X-Otela-Resume": "off"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(
+            frontend.url + "/v1/chat/completions",
+            json=CHAT,
+            headers={"Authorization": f"Bearer {secret}", **sent},
+        ) as r:
+            assert r.status == 200
+    (forwarded,) = recording_ingress[1]
+    assert {k: forwarded.get(k.lower()) for k in sent} == sent

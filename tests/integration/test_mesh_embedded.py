@@ -112,6 +112,22 @@ async def test_bad_requests_get_openai_errors(
         assert resp.headers["X-Otela-Request-Id"]
 
 
+async def test_max_tokens_past_the_context_window_is_refused_at_the_door(embedded_mesh: LocalMesh) -> None:
+    async with client(embedded_mesh) as sdk:
+        models = await sdk.models.list()
+        windows = {r["settings"].get("context_length") for r in models.data[0].model_extra["replicas"]}
+        assert windows == {2048}  # llama.cpp's slot window, as the engine reports it
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=10**12
+            )
+        assert refused.value.body["param"] == "max_tokens" and "at most 2048" in refused.value.body["message"]
+        reply = await sdk.chat.completions.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_completion_tokens=2
+        )
+        assert reply.usage.completion_tokens <= 2
+
+
 async def test_unknown_route_and_method_are_openai_errors(embedded_mesh: LocalMesh) -> None:
     http = embedded_mesh.http()
     async with http.get(f"{embedded_mesh.api}/nope") as resp:

@@ -100,7 +100,7 @@ async def test_a_stream_whose_node_is_killed_resumes_on_the_other_replica(mesh: 
 
 
 async def test_a_stream_that_opted_out_ends_with_the_error_event(mesh: LocalMesh) -> None:
-    events = await asyncio.wait_for(stream(mesh, kill=True, headers={"X-OpenTela-Resume": "off"}), timeout=30)
+    events = await asyncio.wait_for(stream(mesh, kill=True, headers={"X-Otela-Resume": "off"}), timeout=30)
     assert "[DONE]" not in events
     assert "error" in events[-1] and events[-1]["error"]["code"] in ("engine_crashed", "connection_closed")
     assert len(text_of(events)) > 0

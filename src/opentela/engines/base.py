@@ -258,12 +258,15 @@ def options_to_flags(options: Mapping[str, Any], flags: Mapping[str, str], engin
 def advertised_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
     """Settings worth putting in the registry from one ``/v1/models`` entry of an engine.
 
-    vLLM reports ``max_model_len``; the simulated engine (and any engine that wants to) adds an ``otela``
-    object with more (``gpu``, ``quantization``, ``throughput``...). Only plain scalars are kept.
+    vLLM reports ``max_model_len`` and llama.cpp's server ``meta.n_ctx``; the simulated engine (and any engine
+    that wants to) adds an ``otela`` object with more (``gpu``, ``quantization``, ``throughput``...). Only plain
+    scalars are kept.
     """
     out: dict[str, Any] = {}
-    if isinstance(entry.get("max_model_len"), int):
-        out["context_length"] = entry["max_model_len"]
+    meta = entry.get("meta")
+    window = entry.get("max_model_len", meta.get("n_ctx") if isinstance(meta, Mapping) else None)
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        out["context_length"] = window
     extra = entry.get("otela")
     if isinstance(extra, Mapping):
         for key, value in list(extra.items())[:16]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentela.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -32,6 +34,20 @@ class GatewayConfig:
     trusted_providers: tuple[str, ...] = field(
         default=(),
         metadata={"help": "Default provider allowlist for requests that name none (empty: every provider)."},
+    )
+    max_output_tokens: int = field(
+        default=131072,
+        metadata={
+            "help": "Largest `max_tokens` accepted for a model none of whose replicas advertises a context "
+            "length; a model's advertised context length is its cap otherwise (larger asks get 400)."
+        },
+    )
+    max_tokens_caps: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`MODEL=N` entries: the largest `max_tokens` accepted for MODEL, in place of its context "
+            "length."
+        },
     )
     connect_timeout: float = field(
         default=5.0, metadata={"help": "Seconds to open a stream to the serving node (dial included)."}
@@ -83,3 +99,21 @@ class GatewayConfig:
             "connecting to the first request)."
         },
     )
+
+    def __post_init__(self) -> None:
+        if self.max_output_tokens < 1:
+            raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")
+        self.output_caps()
+
+    def output_caps(self) -> dict[str, int]:
+        """`max_tokens_caps` as a mapping of model to cap; a ConfigError names an entry that is not MODEL=N."""
+        out: dict[str, int] = {}
+        for pair in self.max_tokens_caps:
+            model, sep, number = pair.rpartition("=")
+            cap = int(number) if number.strip().isdigit() else 0
+            if not sep or not model.strip() or cap < 1:
+                raise ConfigError(
+                    f"max_tokens_caps entries are MODEL=N with N a positive integer, got {pair!r}"
+                )
+            out[model.strip()] = cap
+        return out

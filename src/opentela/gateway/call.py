@@ -12,6 +12,7 @@ from opentela._types import Stream
 from opentela.errors import OpenTelaError
 from opentela.fabric.http_tunnel import TunnelResponseHead
 from opentela.gateway.metrics import NO_NODE
+from opentela.gateway.output_cap import requested_output
 from opentela.gateway.policies import RoutedRequest
 from opentela.gateway.resume import StreamSplice
 from opentela.gateway.routing import OTELA_METADATA_KEYS, RequestRouting
@@ -31,6 +32,8 @@ class ParsedBody:
     """The body's routing options (trusted providers, constraints, policy), when it has any."""
     tokens: int
     raw: bytes
+    asked_output: tuple[str, float] | None = None
+    """The output bound the body sets (`max_completion_tokens` or `max_tokens`) and its value."""
 
 
 def parse_body(raw: bytes) -> ParsedBody:
@@ -48,7 +51,9 @@ def parse_body(raw: bytes) -> ParsedBody:
         else:
             del payload["metadata"]
         raw = json.dumps(payload).encode()
-    return ParsedBody(model, stream, ours, edge.estimate_request_tokens(payload), raw)
+    return ParsedBody(
+        model, stream, ours, edge.estimate_request_tokens(payload), raw, requested_output(payload)
+    )
 
 
 @dataclass(slots=True)

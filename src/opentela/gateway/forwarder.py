@@ -32,6 +32,7 @@ from opentela.gateway import resume
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.call import Attempt, Call, parse_body
 from opentela.gateway.metrics import NO_NODE, GatewayMetrics
+from opentela.gateway.output_cap import OutputCap
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
 from opentela.gateway.routing import Router
 from opentela.registry.record import NodeRecord
@@ -75,6 +76,7 @@ class Forwarder:
     ) -> None:
         self.config = config
         self.router = router
+        self.output_cap = OutputCap(config.max_output_tokens, config.output_caps())
         self._open_stream = open_stream
         self._report = report
         self.metrics = metrics
@@ -96,12 +98,19 @@ class Forwarder:
         body = parse_body(raw)
         routing = self.router.routing_for(headers, body.metadata)
         parsed_at = time.perf_counter()
-        if not self.router.eligible(body.model, routing):
+        pool = self.router.eligible(body.model, routing)
+        if not pool:
             err = self.router.explain_empty(body.model, routing)
             # Unknown model names come from clients: they must not become metric labels.
             label = "-" if isinstance(err, ModelNotFoundError) else body.model
             self.metrics.errors.labels(label, NO_NODE, err.code).inc()
             raise err
+        if body.asked_output is not None:
+            try:
+                self.output_cap.check(body.model, body.asked_output, pool)
+            except OpenTelaError as err:
+                self.metrics.errors.labels(body.model, NO_NODE, err.code).inc()
+                raise
         routed_at = time.perf_counter()
         forwarded = {k: headers[k] for k in FORWARDED_REQUEST_HEADERS if k in headers}
         payload = encode_request(

@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-RESUME_HEADER = "X-OpenTela-Resume"
+RESUME_HEADER = "X-Otela-Resume"
 """Request header: ``off`` keeps a broken stream broken (it ends with an error event instead of resuming)."""
 MAX_PENDING_BYTES = 1 << 20
 """An SSE event longer than this passes through unparsed, and the stream can no longer resume."""

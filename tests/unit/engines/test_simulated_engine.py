@@ -336,3 +336,6 @@ def test_advertised_settings_from_a_models_entry() -> None:
     entry = {"id": "m", "max_model_len": 8192, "otela": {"gpu": "H100", "simulated": True, "bad": [1]}}
     assert advertised_settings(entry) == {"context_length": 8192, "gpu": "H100", "simulated": True}
     assert advertised_settings({"id": "m"}) == {}
+    llama_cpp = {"id": "m", "owned_by": "llamacpp", "meta": {"n_ctx": 2048, "n_ctx_train": 8192}}
+    assert advertised_settings(llama_cpp) == {"context_length": 2048}
+    assert advertised_settings({"id": "m", "max_model_len": True, "meta": "x"}) == {}

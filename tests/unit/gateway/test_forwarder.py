@@ -138,7 +138,7 @@ async def test_a_stream_broken_after_its_first_byte_with_resume_off_is_booked_on
         sent.append(chunk)
         peers[0].reset(1, "engine died")
 
-    with kit.accept(stream=True, headers={"X-OpenTela-Resume": "off"}) as call:
+    with kit.accept(stream=True, headers={"X-Otela-Resume": "off"}) as call:
         first = await kit.forwarder.dispatch(call)
         err = await kit.forwarder.relay(call, first, write)
     assert sent == [b'data: {"n": 1}\n\n']

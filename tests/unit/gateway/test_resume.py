@@ -57,8 +57,8 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_toke
 
 def test_wanted_for_streamed_chats_and_completions_unless_opted_out() -> None:
     assert wanted(CHAT_PATH, True, {})
-    assert wanted(COMPLETIONS_PATH, True, {"X-OpenTela-Resume": "on"})
-    assert not wanted(CHAT_PATH, True, {"X-OpenTela-Resume": "off"})
+    assert wanted(COMPLETIONS_PATH, True, {"X-Otela-Resume": "on"})
+    assert not wanted(CHAT_PATH, True, {"X-Otela-Resume": "off"})
     assert not wanted(CHAT_PATH, False, {})
     assert not wanted("/v1/embeddings", True, {})
 

@@ -25,7 +25,7 @@ async def test_failure_after_first_byte_with_resume_off_ends_with_an_error_event
     async with gateway_kit(policy="round_robin") as kit:
         await kit.replica("a", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
         await kit.replica("b", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
-        off = {"X-OpenTela-Resume": "off"}
+        off = {"X-Otela-Resume": "off"}
         status, _, events = await read_events(kit, chat(max_tokens=5, stream=True), off)
         assert status == 200
         assert json.loads(events[0])["choices"][0]["delta"]["content"]  # the first token made it
@@ -68,7 +68,8 @@ async def test_silent_stream_ends_with_a_timeout_event() -> None:
 
 async def test_slow_client_holds_back_the_engine_instead_of_filling_the_ingress() -> None:
     """A client reading a long stream slowly: the engine may only get a bounded amount ahead of it."""
-    async with gateway_kit() as kit:
+    # The replica advertises no context window; the ingress's cap must let a stream this long through.
+    async with gateway_kit(max_output_tokens=4_000_000) as kit:
         engine_cfg = SimulatedConfig(model=MODEL, ttft_ms=0, itl_ms=0)
         await kit.replica("a", engine_cfg)
         handlers = kit.engines["a"].handlers

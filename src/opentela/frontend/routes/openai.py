@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 router = APIRouter(tags=["OpenAI-compatible API"])
 
 TRUST_HEADER = "X-Otela-Trusted-Providers"
+ROUTING_HEADERS = ("X-Otela-Require", "X-Otela-Policy", "X-Otela-Resume")
+"""Client headers the ingress acts on that the frontend passes through unchanged; the ingress checks them."""
 
 
 def _body_doc(required: list[str], example: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +117,7 @@ async def _inference(request: Request) -> Response:
             param="model",
         )
     headers = {"X-Request-Id": request_id}
+    headers.update({name: request.headers[name] for name in ROUTING_HEADERS if name in request.headers})
     trust = trusted_providers(key, request.headers.get(TRUST_HEADER))
     if trust is not None:
         headers[TRUST_HEADER] = ",".join(trust)
