@@ -107,12 +107,14 @@ async def _read_stream(resp: aiohttp.ClientResponse, outcome: Outcome, sent: flo
     last = None
     chunks = 0
     usage_tokens = None
+    done = False
     async for raw in resp.content:
         line = raw.strip()
         if not line.startswith(b"data:"):
             continue
         data = line[5:].strip()
         if data == b"[DONE]":
+            done = True
             break
         event = json.loads(data)
         if "error" in event:
@@ -137,6 +139,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, outcome: Outcome, sent: flo
             chunks += 1
     outcome.e2e = time.perf_counter() - sent
     outcome.output_tokens = int(usage_tokens) if usage_tokens is not None else chunks
+    if not done:  # the connection ended cleanly but the answer did not: a cut stream, not a short answer
+        outcome.error = "stream_truncated"
+        return
     outcome.ok = outcome.ttft is not None or outcome.output_tokens == 0
 
 

@@ -22,6 +22,7 @@ MAX_PENDING_BYTES = 1 << 20
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 _KEPT_FIELDS = ("id", "created", "model", "system_fingerprint")
+_decode = json.JSONDecoder().decode
 
 
 def wanted(path: str, stream: bool, headers: Mapping[str, str]) -> bool:
@@ -71,8 +72,7 @@ class StreamSplice:
         self.headers = dict(headers or {})
         """The headers to forward with a continuation."""
         self.chat = path == CHAT_PATH
-        self.text = ""
-        """The text delivered to the client so far."""
+        self._pieces: list[str] = []
         self.tokens = 0
         """Tokens delivered so far: one per content event, or the first stream's own count when it sent one."""
         self.resumes = 0
@@ -86,6 +86,13 @@ class StreamSplice:
         self._reported_tokens: int | None = None
         self._delivered = 0
 
+    @property
+    def text(self) -> str:
+        """The text delivered to the client so far."""
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]  # joined when asked, not per event: appends stay O(1)
+        return self._pieces[0] if self._pieces else ""
+
     def __repr__(self) -> str:
         return f"<StreamSplice chat={self.chat} tokens={self.tokens} resumes={self.resumes}>"
 
@@ -98,6 +105,9 @@ class StreamSplice:
         """The whole events of `chunk` (and of what was pending) to send to the client, rewritten if spliced."""
         if self.blocked is not None and not self._pending and not self.resumes:
             return chunk  # nothing more to learn or to rewrite
+        if not self._pending and chunk.endswith(b"\n\n") and chunk.find(b"\n\n") == len(chunk) - 2:
+            if b"\r" not in chunk:
+                return self._event(chunk[:-2])  # the usual chunk: one whole event
         data = self._pending + chunk
         if b"\r" in chunk and not self.resumes:
             # Events split by CRLF are left alone rather than held back waiting for an LF boundary.
@@ -160,19 +170,17 @@ class StreamSplice:
 
     def _event(self, raw: bytes) -> bytes:
         whole = raw + b"\n\n"
-        lines = raw.split(b"\n")
-        data_lines = [ln for ln in lines if ln.startswith(b"data:")]
-        if len(data_lines) != 1 or len(lines) != 1:
+        if not raw.startswith(b"data:") or b"\n" in raw:
             # Comments, named events, multi-line data: passed on as they are, but no longer understood.
             if raw.strip() and not raw.startswith(b":"):
                 self._block("an event it cannot parse")
             return whole
-        payload = data_lines[0][5:].strip()
+        payload = raw[5:].strip()
         if payload == b"[DONE]":
             self.done = True
             return whole
         try:
-            event = json.loads(payload)
+            event = _decode(payload.decode())
         except ValueError:
             self._block("an event that is not JSON")
             return whole
@@ -232,7 +240,7 @@ class StreamSplice:
                 text = choice.get("text")
                 useful = useful or bool(text)
             if isinstance(text, str) and text:
-                self.text += text
+                self._pieces.append(text)
                 self.tokens += 1
         return useful
 

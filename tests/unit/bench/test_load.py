@@ -89,6 +89,29 @@ async def test_failures_are_counted_by_kind() -> None:
     assert report["failed"] == 3 and report["errors"] == {"simulated_error": 3}
 
 
+async def test_a_stream_cut_without_its_done_event_is_an_error() -> None:
+    """A stand-in server (not an engine) sends two content events and ends the body cleanly without [DONE]."""
+    from aiohttp import web
+
+    from loopback_http import serve_app
+
+    async def cut(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for word in ("a", "b"):
+            chunk = {"choices": [{"index": 0, "delta": {"content": word}}]}
+            await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", cut)
+    async with serve_app(app) as url:
+        settings = LoadSettings(url=url + "/v1", model="m", stream=True)
+        outcomes, _ = await run_load([PlannedRequest(0, 4, 2)], settings, total=1, progress=False)
+    assert [(o.ok, o.error) for o in outcomes] == [(False, "stream_truncated")]
+
+
 def test_cli_runs_against_an_engine_process(tmp_path: Path) -> None:
     """`otela bench load` end to end: a simulated engine process, the command, its JSON report."""
     import subprocess
