@@ -12,7 +12,9 @@ that counts the delivered tokens as completion tokens, not as prompt tokens.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
+from json.decoder import scanstring
 from typing import Any
 
 RESUME_HEADER = "X-Otela-Resume"
@@ -23,6 +25,13 @@ CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
 _KEPT_FIELDS = ("id", "created", "model", "system_fingerprint")
 _decode = json.JSONDecoder().decode
+_NOT_PLAIN = re.compile(
+    r'"(?:role|usage|error|tool_calls|function_call|reasoning\w*|index"\s*:\s*[^0\s]|index"\s*:\s*0\d'
+    r'|logprobs"\s*:\s*[^n\s]|finish_reason"\s*:\s*[^n\s])'
+)
+"""Keys (or values) that make an event more than plain text, so it goes through the full parse."""
+_CHAT_TEXT = re.compile(r'"content"\s*:\s*"')
+_COMPLETION_TEXT = re.compile(r'"text"\s*:\s*"')
 
 
 def wanted(path: str, stream: bool, headers: Mapping[str, str]) -> bool:
@@ -79,6 +88,8 @@ class StreamSplice:
         self.blocked: str | None = None
         """Why this stream can no longer resume, once it cannot."""
         self.done = False
+        self.fast_path = True
+        """Whether plain-text events skip the full parse (tests compare both ways)."""
         self._pending = b""
         self._kept: dict[str, Any] = {}
         self._role_sent = False
@@ -180,7 +191,10 @@ class StreamSplice:
             self.done = True
             return whole
         try:
-            event = _decode(payload.decode())
+            text = payload.decode()
+            if self._kept and not self.resumes and self._plain_text(text):
+                return whole
+            event = _decode(text)
         except ValueError:
             self._block("an event that is not JSON")
             return whole
@@ -194,6 +208,25 @@ class StreamSplice:
             self._track(event)
             return whole
         return self._rewrite(event)
+
+    def _plain_text(self, payload: str) -> bool:
+        """Take the text of an event that carries nothing but one choice's text, without parsing it whole.
+
+        Most events of a stream are like that, and reading one string costs about half of decoding the event.
+        Anything else (a role, usage, a tool call, reasoning, log probabilities, a finish reason, a second
+        choice, a null text) is left to the full parse: any of their keys, even inside the text, means no.
+        """
+        if self.fast_path is False or _NOT_PLAIN.search(payload) is not None:
+            return False
+        pattern, key = (_CHAT_TEXT, '"content"') if self.chat else (_COMPLETION_TEXT, '"text"')
+        found = pattern.search(payload)
+        if found is None or payload.count(key) != 1:
+            return False
+        piece = scanstring(payload, found.end())[0]
+        if piece:
+            self._pieces.append(piece)
+            self.tokens += 1
+        return True
 
     def _track(self, event: dict[str, Any]) -> None:
         """Follow the first stream: its text, role, usage and anything that rules a resume out."""
