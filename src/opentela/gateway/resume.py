@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # C scanner, absent from the stubs
 from typing import Any
 
 RESUME_HEADER = "X-Otela-Resume"
