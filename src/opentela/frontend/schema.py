@@ -1,4 +1,4 @@
-"""The frontend's tables: API keys (hashes only) and one usage row per request."""
+"""The frontend's tables: API keys (hashes only), one usage row per request, and per-key budget counters."""
 
 from __future__ import annotations
 
@@ -65,6 +65,22 @@ class UsageRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     sampling: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class UsageCounter(Base):
+    """What a key with a budget used in one budget period: the sum of its usage rows started in that period.
+
+    Written in the same transaction as the rows it sums, so it equals them at every commit; admission reads one
+    counter instead of summing the period's rows (which grew with the key's history).
+    """
+
+    __tablename__ = "usage_counters"
+
+    key_id: Mapped[str] = mapped_column(String(32), ForeignKey("api_keys.id"), primary_key=True)
+    period: Mapped[str] = mapped_column(String(16), primary_key=True)
+    start: Mapped[float] = mapped_column(Float, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 USAGE_STATUSES = ("pending", "ok", "error", "cancelled", "interrupted")

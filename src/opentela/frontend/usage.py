@@ -15,6 +15,7 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, case, func, insert, or_, select, update
 
+from opentela.frontend.counters import add_to_counter, has_budget, read_counter, rebuild_counters_sync
 from opentela.frontend.db import Database
 from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
 from opentela.frontend.schema import ApiKey, UsageRow
@@ -45,6 +46,10 @@ class Admission:
     started_at: float
     input_estimate: int
     limit_headers: dict[str, str] = field(default_factory=dict)
+    budget_counter: tuple[str, float] | None = None
+    """(period, start) of the key's budget counter this request is counted in; None for keys without a budget."""
+    counted_tokens: int = 0
+    """The tokens of this request the budget counter holds so far."""
 
 
 @dataclass
@@ -97,16 +102,12 @@ class UsageLedger:
             )
         ).one()
         p_req = p_tok = 0
-        if key.budget_tokens is not None or key.budget_requests is not None:
-            start = period_start(key.budget_period, now)
-            p_req, p_tok = (
-                await s.execute(
-                    select(func.count(), tokens).where(
-                        UsageRow.key_id == key.id, UsageRow.started_at >= start
-                    )
-                )
-            ).one()
-        return Consumption(int(m_req), int(m_tok), oldest, int(p_req), int(p_tok))
+        if has_budget(key):
+            # One counter row, whatever the key's history: summing the period's rows grew with it.
+            p_req, p_tok = await read_counter(
+                s, key.id, key.budget_period, period_start(key.budget_period, now)
+            )
+        return Consumption(int(m_req), int(m_tok), oldest, p_req, p_tok)
 
     async def admit(
         self,
@@ -151,6 +152,10 @@ class UsageLedger:
                     sampling=sampling,
                 )
             )
+            counter = None
+            if has_budget(key):
+                counter = (key.budget_period, period_start(key.budget_period, now))
+                await add_to_counter(s, self.db.dialect, key.id, *counter, 1, input_estimate)
         return Admission(
             row_id,
             request_id,
@@ -159,18 +164,32 @@ class UsageLedger:
             now,
             input_estimate,
             remaining_headers(key, used, input_estimate),
+            counter,
+            input_estimate,
         )
+
+    async def _recount(self, s: Any, admission: Admission, tokens: int) -> None:
+        """Bring the budget counter in line with the row's new token total, in the row's transaction (the
+        caller records `counted_tokens` once that transaction committed)."""
+        if admission.budget_counter is not None and tokens != admission.counted_tokens:
+            delta = tokens - admission.counted_tokens
+            await add_to_counter(s, self.db.dialect, admission.key_id, *admission.budget_counter, 0, delta)
 
     async def checkpoint(
         self, admission: Admission, output_tokens: int, provider: str | None, node: str | None
     ) -> None:
         """Record progress of a long stream, so an interrupted one keeps what was already delivered."""
         async with self.db.session() as s, s.begin():
-            await s.execute(
+            result = await s.execute(
                 update(UsageRow)
                 .where(UsageRow.id == admission.row_id, UsageRow.status == "pending")
                 .values(output_tokens=output_tokens, provider=provider, node=node)
             )
+            updated = bool(cast(CursorResult[Any], result).rowcount)
+            if updated:
+                await self._recount(s, admission, admission.input_estimate + output_tokens)
+        if updated:
+            admission.counted_tokens = admission.input_estimate + output_tokens
 
     async def complete(self, admission: Admission, outcome: Outcome) -> None:
         """Finish the row; called before the last byte of the response goes to the client."""
@@ -193,6 +212,8 @@ class UsageLedger:
                     error=outcome.error,
                 )
             )
+            await self._recount(s, admission, outcome.input_tokens + outcome.output_tokens)
+        admission.counted_tokens = outcome.input_tokens + outcome.output_tokens
 
     async def reconcile(self, stale_after: float) -> int:
         """Mark pending rows left by a crash as interrupted: this replica's own, and any replica's stale ones."""
@@ -216,6 +237,11 @@ class UsageLedger:
         if count:
             logger.warning("marked %d pending usage rows interrupted after a restart", count)
         return count
+
+    async def rebuild_counters(self) -> int:
+        """Recompute every budget counter from the usage rows (they are the truth); how many there are."""
+        async with self.db.engine.begin() as conn:
+            return await conn.run_sync(rebuild_counters_sync)
 
     async def rows(
         self, *, key_id: str | None = None, since: float | None = None, limit: int = 100
