@@ -244,3 +244,39 @@ async def test_limits_at_deployment_scale_and_unset_lists_are_null(db_url: str) 
         assert tuple(nulls) == (True, True)
     finally:
         await db.aclose()
+
+
+async def test_key_cache_saves_lookups_and_revocation_elsewhere_applies_within_its_bound(db_url: str) -> None:
+    """Two replicas share a database: a key revoked or rotated through one stops working at once there, and at
+    the other within `cache_seconds`; within the bound the other answers from memory."""
+    db = await Database.open(db_url)
+    try:
+        here, there = KeyStore(db, cache_seconds=0.5), KeyStore(db, cache_seconds=0.5)
+        key, secret = await here.create(KeySettings(name="k"))
+        cached_after = time.monotonic()  # the cache entry is made after this, so it is fresh until at least +0.5 s
+        for _ in range(20):
+            assert (await there.authenticate(secret)).id == key.id
+        assert there.lookups == 1
+        await here.revoke(key.id)
+        with pytest.raises(KeyRevokedError):
+            await here.authenticate(secret)
+        if time.monotonic() < cached_after + 0.4:
+            await there.authenticate(secret)  # still cached: within the stated bound
+        await asyncio.sleep(max(0.0, cached_after + 0.5 - time.monotonic()) + 0.6)
+        with pytest.raises(KeyRevokedError):
+            await there.authenticate(secret)
+        other, old_secret = await here.create(KeySettings(name="r"))
+        await there.authenticate(old_secret)
+        _, new_secret = await here.rotate(other.id)
+        with pytest.raises(AuthenticationError):
+            await here.authenticate(old_secret)
+        assert (await there.authenticate(new_secret)).id == other.id  # a new secret is never a stale hit
+        await asyncio.sleep(1.1)
+        with pytest.raises(AuthenticationError):
+            await there.authenticate(old_secret)
+        for _ in range(3):  # unknown secrets are looked up every time, never cached
+            with pytest.raises(AuthenticationError):
+                await there.authenticate("otela-made-up")
+        assert "otela-made-up" not in str(there._cache)
+    finally:
+        await db.aclose()

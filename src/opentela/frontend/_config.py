@@ -56,6 +56,14 @@ class FrontendConfig:
             "at start-up (a replica that never came back)."
         },
     )
+    key_cache_seconds: float = field(
+        default=1.0,
+        metadata={
+            "help": "How long a looked-up API key is reused without asking the database again; a key revoked "
+            "or rotated through another replica (or the CLI) stops working here within this bound (0: look up "
+            "every request)."
+        },
+    )
     header_timeout: float = field(
         default=15.0,
         metadata={

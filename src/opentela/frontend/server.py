@@ -127,7 +127,8 @@ class Frontend:
             raise
         logger.info("frontend database ready in %.2f s: %r", time.perf_counter() - started, db)
         ingress = IngressClient(config.ingress, request_timeout=config.request_timeout)
-        return cls(FrontendState(config, db, KeyStore(db), ledger, ingress, admin_token))
+        keys = KeyStore(db, cache_seconds=config.key_cache_seconds)
+        return cls(FrontendState(config, db, keys, ledger, ingress, admin_token))
 
     async def start(self, host: str, port: int) -> str:
         """Listen on host:port (0: a free port) and serve in the background; returns the base URL."""
