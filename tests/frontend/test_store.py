@@ -253,7 +253,9 @@ async def test_key_cache_saves_lookups_and_revocation_elsewhere_applies_within_i
     try:
         here, there = KeyStore(db, cache_seconds=0.5), KeyStore(db, cache_seconds=0.5)
         key, secret = await here.create(KeySettings(name="k"))
-        cached_after = time.monotonic()  # the cache entry is made after this, so it is fresh until at least +0.5 s
+        cached_after = (
+            time.monotonic()
+        )  # the cache entry is made after this, so it is fresh until at least +0.5 s
         for _ in range(20):
             assert (await there.authenticate(secret)).id == key.id
         assert there.lookups == 1
