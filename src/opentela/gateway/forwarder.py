@@ -237,8 +237,8 @@ class Forwarder:
         def candidates() -> Sequence[NodeRecord]:
             return self.router.eligible(call.model, call.routing)
 
+        original = json.loads(call.body.raw)
         while splice.can_resume and self.can_retry(candidates, call.tried):
-            original = json.loads(call.body.raw)
             body = splice.continuation(original)
             if body is None:
                 return None

@@ -70,14 +70,14 @@ class OutputCap:
             return
         name, value = asked
         if model in self.overrides:
-            if value <= self.overrides[model]:
-                return
-        elif any(value <= (context_length(r, model) or self.fallback) for r in replicas):
-            return  # stops at the first replica that fits: one look for almost every request
-        elif not replicas and value <= self.fallback:
+            fits = value <= self.overrides[model]
+        else:  # stops at the first replica that fits: one look for almost every request
+            fits = any(value <= (context_length(r, model) or self.fallback) for r in replicas)
+        if fits:
             return
         cap, source = self.limit(model, replicas)
-        raise InvalidRequestError(
-            f"`{name}` is {value} but model {model!r} can produce at most {cap} tokens ({source})",
-            param=name,
-        )
+        if value > cap:
+            raise InvalidRequestError(
+                f"`{name}` is {value} but model {model!r} can produce at most {cap} tokens ({source})",
+                param=name,
+            )
