@@ -19,6 +19,7 @@ from opentela.frontend.db import sqlite_url
 
 if TYPE_CHECKING:
     from opentela.frontend import Frontend
+    from opentela.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,11 @@ def frontend_admin_token(config: OtelaConfig) -> str:
     return config.frontend.admin_token or load_or_create_admin_token(data_home() / "admin-token")
 
 
-async def start_frontend(config: OtelaConfig, ingress_url: str | None = None) -> Frontend:
-    """Create the frontend (database migrated, pending rows reconciled) and start listening."""
+async def start_frontend(
+    config: OtelaConfig, ingress_url: str | None = None, gateway: GatewayState | None = None
+) -> Frontend:
+    """Create the frontend (database migrated, pending rows reconciled) and start listening; given the `gateway`
+    of this process, it forwards to it in-process."""
     from opentela.frontend import Frontend
 
     # Migration steps and uvicorn's start banner are noise next to our own start-up lines.
@@ -70,7 +74,11 @@ async def start_frontend(config: OtelaConfig, ingress_url: str | None = None) ->
     host, port, _ = parse_addr(fc.http)
     instance = fc.instance or f"{socket.gethostname()}:{port}"
     frontend = await Frontend.create(
-        fc, db_url=frontend_db_url(config), admin_token=frontend_admin_token(config), instance=instance
+        fc,
+        db_url=frontend_db_url(config),
+        admin_token=frontend_admin_token(config),
+        instance=instance,
+        gateway=gateway,
     )
     try:
         await frontend.start(host, port)

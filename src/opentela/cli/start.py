@@ -232,7 +232,7 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
             if config.frontend.enabled:
                 from opentela.cli.frontend import print_frontend, start_frontend
 
-                frontend = await start_frontend(config, ingress_url=url)
+                frontend = await start_frontend(config, ingress_url=url, gateway=gateway.state)
                 print_frontend(frontend, config)
         elif config.frontend.enabled:
             raise ConfigError("--frontend runs inside an ingress node: add --ingress")

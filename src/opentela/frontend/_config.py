@@ -56,6 +56,14 @@ class FrontendConfig:
             "at start-up (a replica that never came back)."
         },
     )
+    admission: str = field(
+        default="auto",
+        metadata={
+            "help": "Where limits and budgets are decided: `memory` (no database round trip; needs a SQLite "
+            "file that only this frontend serves, enforced by a lock file), `database` (a transaction per request; "
+            "for several replicas on one database) or `auto` (memory on SQLite, database on PostgreSQL)."
+        },
+    )
     key_cache_seconds: float = field(
         default=1.0,
         metadata={

@@ -42,7 +42,8 @@ def sqlite_url(path: Path) -> str:
     return f"sqlite:///{path}"
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    """Set the pragmas every connection to the frontend's SQLite file uses."""
     # WAL with synchronous=NORMAL keeps every committed transaction across a process crash (kill -9); only a
     # power loss may drop the last few. busy_timeout lets a second process wait for the write lock.
     cur = dbapi_conn.cursor()
@@ -122,7 +123,7 @@ class Database:
             kwargs["pool_pre_ping"] = True
         engine = create_async_engine(full, **kwargs)
         if engine.dialect.name == "sqlite":
-            event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+            event.listen(engine.sync_engine, "connect", sqlite_pragmas)
         db = cls(engine)
         if migrate:
             try:

@@ -1,9 +1,11 @@
 """Forward one admitted request to the ingress and finish its usage row in the code path that ends the response.
 
-The guarantee: a usage row exists (status `pending`) before any byte is forwarded, and it is completed before the
-last byte of the response is handed to the client (the body of a non-streaming answer, the `[DONE]` event of a
+The guarantee: a usage row exists (status `pending`) before the first byte of an answer reaches the client, and it
+is completed before the last byte is handed over (the body of a non-streaming answer, the `[DONE]` event of a
 stream). A client that received a whole response therefore always has a completed row behind it; a frontend killed
-earlier leaves a pending row that the next start marks `interrupted`.
+earlier leaves a pending row that the next start marks `interrupted`. With admission through the database the pending
+row is committed before the request is forwarded; with in-memory admission its commit runs while the request is
+forwarded, and the answer waits for it (it is long done by the time an engine answers).
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import anyio
 from fastapi.responses import Response, StreamingResponse
 
-from opentela.errors import OpenTelaError, UpstreamTimeout
-from opentela.frontend.ingress import IngressClient, IngressUnavailableError
+from opentela.errors import OpenTelaError
+from opentela.frontend.ingress import Ingress, UpstreamResponse
 from opentela.frontend.token_counts import (
     SseEvents,
     TokenCount,
@@ -58,7 +59,7 @@ def plan_forward(path: str, body: dict[str, Any], stream: bool, headers: dict[st
     return ForwardPlan(path, body, headers, stream, wants)
 
 
-def _meta(resp: aiohttp.ClientResponse) -> tuple[dict[str, str], str | None, str | None]:
+def _meta(resp: UpstreamResponse) -> tuple[dict[str, str], str | None, str | None]:
     headers = {k: v for k, v in resp.headers.items() if k.lower() in PASSED_HEADERS}
     return headers, resp.headers.get("X-Otela-Provider"), resp.headers.get("X-Otela-Node")
 
@@ -75,9 +76,7 @@ async def _finish(ledger: UsageLedger, admission: Admission, outcome: Outcome) -
             raise
 
 
-async def forward(
-    ingress: IngressClient, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
-) -> Response:
+async def forward(ingress: Ingress, ledger: UsageLedger, admission: Admission, plan: ForwardPlan) -> Response:
     """Send the request on and meter it; errors before the response starts become OpenAI error JSON."""
     raw = json.dumps(plan.body).encode()
     try:
@@ -109,6 +108,11 @@ async def forward(
         raise
     is_sse = resp.headers.get("Content-Type", "").startswith("text/event-stream")
     if plan.stream and is_sse and resp.status == 200:
+        try:
+            await ledger.recorded(admission)  # no byte reaches the client before its row is durable
+        except BaseException:
+            resp.release()
+            raise
         return StreamingResponse(
             _relay(resp, ledger, admission, plan),
             status_code=200,
@@ -118,17 +122,12 @@ async def forward(
     return await _whole(resp, ledger, admission)
 
 
-async def _whole(resp: aiohttp.ClientResponse, ledger: UsageLedger, admission: Admission) -> Response:
+async def _whole(resp: UpstreamResponse, ledger: UsageLedger, admission: Admission) -> Response:
     headers, provider, node = _meta(resp)
     try:
         try:
             data = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            err: OpenTelaError = (
-                UpstreamTimeout(f"the ingress did not finish the response in time: {exc!r}")
-                if isinstance(exc, TimeoutError)
-                else IngressUnavailableError(f"the ingress broke off the response: {exc!r}")
-            )
+        except OpenTelaError as err:
             await _finish(
                 ledger,
                 admission,
@@ -143,7 +142,7 @@ async def _whole(resp: aiohttp.ClientResponse, ledger: UsageLedger, admission: A
                     error=err.message,
                 ),
             )
-            raise err from exc
+            raise
     except asyncio.CancelledError:
         await _finish(
             ledger,
@@ -203,7 +202,7 @@ def _count_whole(payload: Any, admission: Admission) -> TokenCount:
 
 
 async def _relay(
-    resp: aiohttp.ClientResponse, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
+    resp: UpstreamResponse, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
 ) -> AsyncIterator[bytes]:
     """Pass SSE events through one by one; complete the usage row before the [DONE] event is sent."""
     _, provider, node = _meta(resp)
@@ -226,7 +225,7 @@ async def _relay(
         )
 
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks():
             for event in events.feed(chunk):
                 data = event_data(event)
                 if data == "[DONE]":
@@ -257,11 +256,10 @@ async def _relay(
             finished = True
         if rest:
             yield rest
-    except (aiohttp.ClientError, TimeoutError) as exc:
+    except OpenTelaError as err:
         if not finished:
-            await _finish(ledger, admission, outcome("error", f"the ingress broke off the stream: {exc!r}"))
+            await _finish(ledger, admission, outcome("error", err.message))
             finished = True
-        err = IngressUnavailableError(f"the stream broke off: {exc!r}")
         yield sse_error_event(err)
     finally:
         if not finished:

@@ -17,13 +17,17 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from opentela.errors import ConfigError
 from opentela.frontend._config import FrontendConfig
 from opentela.frontend.app import create_app
 from opentela.frontend.db import Database
-from opentela.frontend.ingress import IngressClient
+from opentela.frontend.ingress import Ingress, IngressClient
+from opentela.frontend.ingress_inprocess import InProcessIngress
 from opentela.frontend.keys import KeyStore
+from opentela.frontend.local_admission import AdmissionLock, admission_lock_path
 from opentela.frontend.state import FrontendState
 from opentela.frontend.usage import UsageLedger
+from opentela.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +103,25 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+ADMISSION_MODES = ("auto", "memory", "database")
+
+
+def _admission_mode(mode: str, db: Database) -> tuple[bool, AdmissionLock | None]:
+    """Whether to admit in memory, and the lock that makes it safe (see frontend/local_admission.py)."""
+    if mode not in ADMISSION_MODES:
+        raise ConfigError(f"frontend.admission must be one of {', '.join(ADMISSION_MODES)}, not {mode!r}")
+    path = admission_lock_path(db)
+    if path is None:
+        if mode == "memory" and db.dialect != "sqlite":
+            raise ConfigError(
+                "frontend.admission = memory needs a SQLite file; PostgreSQL may have several replicas, "
+                "so it admits through the database"
+            )
+        return mode == "memory", None
+    in_memory = mode in ("auto", "memory")
+    return in_memory, AdmissionLock(path, exclusive=in_memory)
+
+
 class Frontend:
     """API keys, metering and the dashboard in front of one ingress. Build with `await Frontend.create(...)`."""
 
@@ -108,27 +131,49 @@ class Frontend:
         self.url = ""
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
+        self._lock: AdmissionLock | None = None
 
     def __repr__(self) -> str:
         return f"<Frontend {self.url or 'not listening'} -> {self.state.ingress.base_url} {self.state.db!r}>"
 
     @classmethod
     async def create(
-        cls, config: FrontendConfig, *, db_url: str, admin_token: str, instance: str
+        cls,
+        config: FrontendConfig,
+        *,
+        db_url: str,
+        admin_token: str,
+        instance: str,
+        gateway: GatewayState | None = None,
     ) -> Frontend:
-        """Open the database (migrations applied), reconcile rows a crash left pending, build the app."""
+        """Open the database (migrations applied), reconcile rows a crash left pending, build the app.
+
+        Given the `gateway` of this process, requests go to it in-process instead of over HTTP.
+        """
         started = time.perf_counter()
         db = await Database.open(db_url)
-        ledger = UsageLedger(db, instance)
+        lock: AdmissionLock | None = None
         try:
+            in_memory, lock = _admission_mode(config.admission, db)
+            ledger = UsageLedger(db, instance, in_memory=in_memory)
             await ledger.reconcile(config.stale_pending_after)
         except BaseException:
+            if lock is not None:
+                lock.release()
             await db.aclose()
             raise
-        logger.info("frontend database ready in %.2f s: %r", time.perf_counter() - started, db)
-        ingress = IngressClient(config.ingress, request_timeout=config.request_timeout)
+        logger.info(
+            "frontend database ready in %.2f s: %r, admitting %s",
+            time.perf_counter() - started,
+            db,
+            "in memory" if in_memory else "through the database",
+        )
+        http = IngressClient(config.ingress, request_timeout=config.request_timeout)
+        ingress: Ingress = http if gateway is None else InProcessIngress(gateway, http)
         keys = KeyStore(db, cache_seconds=config.key_cache_seconds)
-        return cls(FrontendState(config, db, keys, ledger, ingress, admin_token))
+        frontend = cls(FrontendState(config, db, keys, ledger, ingress, admin_token))
+        frontend._lock = lock
+        return frontend
 
     async def start(self, host: str, port: int) -> str:
         """Listen on host:port (0: a free port) and serve in the background; returns the base URL."""
@@ -173,7 +218,13 @@ class Frontend:
                 await self._task
             self._server = self._task = None
         await self.state.ingress.aclose()
-        await self.state.db.aclose()
+        try:
+            await self.state.ledger.aclose()
+        finally:
+            await self.state.db.aclose()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     async def __aenter__(self) -> Frontend:
         return self

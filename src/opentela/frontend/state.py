@@ -8,7 +8,7 @@ from fastapi import Request
 
 from opentela.frontend._config import FrontendConfig
 from opentela.frontend.db import Database
-from opentela.frontend.ingress import IngressClient
+from opentela.frontend.ingress import Ingress
 from opentela.frontend.keys import KeyStore
 from opentela.frontend.usage import UsageLedger
 
@@ -21,7 +21,7 @@ class FrontendState:
     db: Database
     keys: KeyStore
     ledger: UsageLedger
-    ingress: IngressClient
+    ingress: Ingress
     admin_token: str
 
 

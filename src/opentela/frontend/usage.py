@@ -3,6 +3,7 @@ crash reconciliation, aggregates and the anonymized trace export."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -17,7 +18,9 @@ from sqlalchemy import CursorResult, case, func, insert, or_, select, update
 
 from opentela.frontend.counters import add_to_counter, has_budget, read_counter, rebuild_counters_sync
 from opentela.frontend.db import Database
+from opentela.frontend.group_commit import RowChange, UsageWriter
 from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
+from opentela.frontend.local_admission import KeyUsage, LocalAdmission, WindowEntry
 from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
@@ -50,6 +53,15 @@ class Admission:
     """(period, start) of the key's budget counter this request is counted in; None for keys without a budget."""
     counted_tokens: int = 0
     """The tokens of this request the budget counter holds so far."""
+    recorded: asyncio.Future[bool] | None = None
+    """The commit of the pending row when admission only queued it (in-memory admission); None once committed."""
+    usage: KeyUsage | None = None
+    window: WindowEntry | None = None
+    """The request's place in the in-memory rate window (in-memory admission only)."""
+
+    def counter_key(self) -> tuple[str, str, float] | None:
+        """(key id, period, start) of the budget counter, if the request is counted in one."""
+        return None if self.budget_counter is None else (self.key_id, *self.budget_counter)
 
 
 @dataclass
@@ -84,23 +96,52 @@ def remaining_headers(key: ApiKey, used: Consumption, input_estimate: int) -> di
     return out
 
 
-class UsageLedger:
-    """Reads and writes usage rows."""
+def has_rate_limit(key: ApiKey) -> bool:
+    """Whether admission checks a per-minute limit for `key`."""
+    return key.rpm_limit is not None or key.tpm_limit is not None
 
-    def __init__(self, db: Database, instance: str) -> None:
+
+TOUCH_EVERY_S = 1.0
+"""A key's last_used_at is written at most this often with in-memory admission."""
+
+
+class UsageLedger:
+    """Reads and writes usage rows.
+
+    Two ways to admit. Through the database (the default, and the only one for PostgreSQL): each admission is one
+    transaction that locks the key's row, reads its counters and writes the pending row, so replicas sharing the
+    database serialize on the key. In memory (`in_memory=True`, for a SQLite file this process alone serves; see
+    frontend/local_admission.py): admission is decided without a round trip and the pending row is queued. Either
+    way checkpoints and completions go through one group-commit writer (frontend/group_commit.py).
+    """
+
+    def __init__(self, db: Database, instance: str, *, in_memory: bool = False) -> None:
         self.db, self.instance = db, instance
+        self.writer = UsageWriter(db)
+        self.local = LocalAdmission(db) if in_memory else None
+
+    def __repr__(self) -> str:
+        mode = "in memory" if self.local is not None else "through the database"
+        return f"<UsageLedger {self.instance} admitting {mode}, {self.writer!r}>"
+
+    async def aclose(self) -> None:
+        """Commit what is queued and release the writer."""
+        await self.writer.aclose()
 
     async def consumption(self, key: ApiKey, now: float, s: Any) -> Consumption:
         """What `key` used in the rate window and in its budget period (within session `s`)."""
-        tokens = func.coalesce(func.sum(UsageRow.input_tokens + UsageRow.output_tokens), 0)
-        since = now - RATE_WINDOW_S
-        m_req, m_tok, oldest = (
-            await s.execute(
-                select(func.count(), tokens, func.min(UsageRow.started_at)).where(
-                    UsageRow.key_id == key.id, UsageRow.started_at > since
+        m_req = m_tok = 0
+        oldest = None
+        if has_rate_limit(key):
+            # The rows of the last minute: as many as the rate allows, whatever the key's history.
+            tokens = func.coalesce(func.sum(UsageRow.input_tokens + UsageRow.output_tokens), 0)
+            m_req, m_tok, oldest = (
+                await s.execute(
+                    select(func.count(), tokens, func.min(UsageRow.started_at)).where(
+                        UsageRow.key_id == key.id, UsageRow.started_at > now - RATE_WINDOW_S
+                    )
                 )
-            )
-        ).one()
+            ).one()
         p_req = p_tok = 0
         if has_budget(key):
             # One counter row, whatever the key's history: summing the period's rows grew with it.
@@ -120,12 +161,28 @@ class UsageLedger:
         input_estimate: int,
         sampling: dict[str, Any] | None,
     ) -> Admission:
-        """Check the key's limits and write its pending usage row in one transaction, or raise 429/402.
+        """Check the key's limits and record its pending usage row, or raise 429/402.
 
-        The first statement updates the key's row, which takes a lock on it (a row lock on PostgreSQL, the write
-        lock on SQLite): concurrent admissions of one key, from any replica, are serialized, so two requests cannot
-        both squeeze under the same limit.
+        Through the database, the first statement updates the key's row, which takes a lock on it (a row lock on
+        PostgreSQL, the write lock on SQLite): concurrent admissions of one key, from any replica, are serialized,
+        so two requests cannot both squeeze under the same limit. In memory, the check and the reservation happen
+        with no await in between, which serializes them on the event loop.
         """
+        row = {
+            "request_id": request_id,
+            "key_id": key.id,
+            "instance": self.instance,
+            "endpoint": endpoint,
+            "model": model,
+            "stream": stream,
+            "status": "pending",
+            "input_tokens": input_estimate,
+            "output_tokens": 0,
+            "tokens_estimated": True,
+            "sampling": sampling,
+        }
+        if self.local is not None:
+            return await self._admit_in_memory(self.local, key, row, input_estimate)
         now = time.time()
         row_id = uuid.uuid4().hex
         async with self.db.session() as s, s.begin():
@@ -134,24 +191,7 @@ class UsageLedger:
             refusal = check(limits_of(key), used, now)
             if refusal is not None:
                 raise refusal_error(refusal, now)
-            await s.execute(
-                insert(UsageRow).values(
-                    id=row_id,
-                    request_id=request_id,
-                    key_id=key.id,
-                    instance=self.instance,
-                    endpoint=endpoint,
-                    model=model,
-                    stream=stream,
-                    status="pending",
-                    input_tokens=input_estimate,
-                    output_tokens=0,
-                    tokens_estimated=True,
-                    started_at=now,
-                    day=utc_day(now),
-                    sampling=sampling,
-                )
-            )
+            await s.execute(insert(UsageRow).values(id=row_id, started_at=now, day=utc_day(now), **row))
             counter = None
             if has_budget(key):
                 counter = (key.budget_period, period_start(key.budget_period, now))
@@ -168,52 +208,112 @@ class UsageLedger:
             input_estimate,
         )
 
-    async def _recount(self, s: Any, admission: Admission, tokens: int) -> None:
-        """Bring the budget counter in line with the row's new token total, in the row's transaction (the
-        caller records `counted_tokens` once that transaction committed)."""
-        if admission.budget_counter is not None and tokens != admission.counted_tokens:
-            delta = tokens - admission.counted_tokens
-            await add_to_counter(s, self.db.dialect, admission.key_id, *admission.budget_counter, 0, delta)
+    async def _admit_in_memory(
+        self, local: LocalAdmission, key: ApiKey, row: dict[str, Any], input_estimate: int
+    ) -> Admission:
+        budget = (
+            (key.budget_period, period_start(key.budget_period, time.time())) if has_budget(key) else None
+        )
+        usage = await local.usage_of(key.id, budget, time.time())
+        # From here to the reservation nothing awaits: this is what serializes admissions of the key.
+        now = time.time()
+        usage.expire(now)
+        used = usage.consumption(budget)
+        refusal = check(limits_of(key), used, now)
+        if refusal is not None:
+            raise refusal_error(refusal, now)
+        entry = local.reserve(usage, budget, now, input_estimate)
+        admission = Admission(
+            uuid.uuid4().hex,
+            row["request_id"],
+            key.id,
+            row["model"],
+            now,
+            input_estimate,
+            remaining_headers(key, used, input_estimate),
+            budget,
+            input_estimate,
+            usage=usage,
+            window=entry,
+        )
+        recorded = self.writer.submit(
+            RowChange(
+                admission.row_id,
+                {"id": admission.row_id, "started_at": now, "day": utc_day(now), **row},
+                insert=True,
+                counter=admission.counter_key(),
+                delta=(1, input_estimate),
+            )
+        )
+
+        def forget_if_lost(done: asyncio.Future[bool]) -> None:
+            if done.cancelled() or done.exception() is not None:
+                local.release(usage, entry, budget)
+
+        recorded.add_done_callback(forget_if_lost)
+        admission.recorded = recorded
+        if now - usage.touched_at >= TOUCH_EVERY_S:
+            usage.touched_at = now
+            self.writer.touch(key.id, now)
+        return admission
+
+    async def recorded(self, admission: Admission) -> None:
+        """Wait until the pending row of `admission` is committed; raises the database's error if it failed."""
+        if admission.recorded is not None:
+            await asyncio.shield(admission.recorded)
+
+    def _correct(self, admission: Admission, tokens: int) -> None:
+        """Count a committed token correction in memory too."""
+        if admission.usage is not None and admission.window is not None:
+            assert self.local is not None
+            self.local.correct(admission.usage, admission.window, admission.budget_counter, tokens)
 
     async def checkpoint(
         self, admission: Admission, output_tokens: int, provider: str | None, node: str | None
     ) -> None:
         """Record progress of a long stream, so an interrupted one keeps what was already delivered."""
-        async with self.db.session() as s, s.begin():
-            result = await s.execute(
-                update(UsageRow)
-                .where(UsageRow.id == admission.row_id, UsageRow.status == "pending")
-                .values(output_tokens=output_tokens, provider=provider, node=node)
-            )
-            updated = bool(cast(CursorResult[Any], result).rowcount)
-            if updated:
-                await self._recount(s, admission, admission.input_estimate + output_tokens)
-        if updated:
-            admission.counted_tokens = admission.input_estimate + output_tokens
+        tokens = admission.input_estimate + output_tokens
+        delta = tokens - admission.counted_tokens
+        change = RowChange(
+            admission.row_id,
+            {"output_tokens": output_tokens, "provider": provider, "node": node},
+            only_pending=True,
+            counter=admission.counter_key(),
+            delta=(0, delta),
+        )
+        if await self.writer.submit(change):
+            admission.counted_tokens = tokens
+            self._correct(admission, delta)
 
     async def complete(self, admission: Admission, outcome: Outcome) -> None:
-        """Finish the row; called before the last byte of the response goes to the client."""
+        """Finish the row; called before the last byte of the response goes to the client. Returns once the
+        row is committed (sharing the commit with whatever else was queued)."""
         now = time.time()
-        async with self.db.session() as s, s.begin():
-            await s.execute(
-                update(UsageRow)
-                .where(UsageRow.id == admission.row_id)
-                .values(
-                    status=outcome.status,
-                    http_status=outcome.http_status,
-                    provider=outcome.provider,
-                    node=outcome.node,
-                    input_tokens=outcome.input_tokens,
-                    output_tokens=outcome.output_tokens,
-                    tokens_estimated=outcome.tokens_estimated,
-                    finished_at=now,
-                    latency_ms=round((now - admission.started_at) * 1000, 3),
-                    ttft_ms=outcome.ttft_ms,
-                    error=outcome.error,
-                )
-            )
-            await self._recount(s, admission, outcome.input_tokens + outcome.output_tokens)
-        admission.counted_tokens = outcome.input_tokens + outcome.output_tokens
+        tokens = outcome.input_tokens + outcome.output_tokens
+        delta = tokens - admission.counted_tokens
+        change = RowChange(
+            admission.row_id,
+            {
+                "status": outcome.status,
+                "http_status": outcome.http_status,
+                "provider": outcome.provider,
+                "node": outcome.node,
+                "input_tokens": outcome.input_tokens,
+                "output_tokens": outcome.output_tokens,
+                "tokens_estimated": outcome.tokens_estimated,
+                "finished_at": now,
+                "latency_ms": round((now - admission.started_at) * 1000, 3),
+                "ttft_ms": outcome.ttft_ms,
+                "error": outcome.error,
+            },
+            counter=admission.counter_key(),
+            delta=(0, delta),
+        )
+        done = self.writer.submit(change)
+        await self.recorded(admission)
+        await done
+        admission.counted_tokens = tokens
+        self._correct(admission, delta)
 
     async def reconcile(self, stale_after: float) -> int:
         """Mark pending rows left by a crash as interrupted: this replica's own, and any replica's stale ones."""

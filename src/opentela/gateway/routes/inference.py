@@ -11,7 +11,8 @@ from opentela.gateway.call import Call
 from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, state_of
 
 
-def _answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
+def answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
+    """The headers of an answer: the request id, the node, session and provider that served it, timings."""
     attempt = call.attempt
     assert attempt is not None
     target = attempt.target
@@ -38,7 +39,7 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         body = await forwarder.dispatch(call)
         attempt = call.attempt
         assert attempt is not None and attempt.head is not None
-        headers = _answer_headers(call, st.config.server_timing)
+        headers = answer_headers(call, st.config.server_timing)
         if not attempt.event_stream:
             headers["Content-Type"] = attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
             return web.Response(status=attempt.head.status, body=body, headers=headers)
