@@ -37,8 +37,8 @@ async def read_counter(s: Any, key_id: str, period: str, start: float) -> tuple[
     return (int(row[0]), int(row[1])) if row is not None else (0, 0)
 
 
-def counter_upsert(dialect: str, key_id: str, period: str, start: float, requests: int, tokens: int) -> Any:
-    """The statement adding to one counter, creating it at zero first when it is new."""
+def counter_upsert(dialect: str, key_id: Any, period: Any, start: Any, requests: Any, tokens: Any) -> Any:
+    """The statement adding to one counter, creating it at zero first when it is new (values or bound parameters)."""
     make = pg_insert if dialect == "postgresql" else sqlite_insert
     statement = make(UsageCounter).values(
         key_id=key_id, period=period, start=start, requests=requests, tokens=tokens
@@ -50,13 +50,6 @@ def counter_upsert(dialect: str, key_id: str, period: str, start: float, request
             "tokens": UsageCounter.tokens + statement.excluded.tokens,
         },
     )
-
-
-async def add_to_counter(
-    s: Any, dialect: str, key_id: str, period: str, start: float, requests: int, tokens: int
-) -> None:
-    """Add to one counter in the session's transaction."""
-    await s.execute(counter_upsert(dialect, key_id, period, start, requests, tokens))
 
 
 def counters_from_rows(connection: Connection) -> dict[tuple[str, str, float], tuple[int, int]]:

@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import CursorResult, Engine, bindparam, create_engine, event, insert, update
 from sqlalchemy.engine import Connection
@@ -33,27 +33,34 @@ from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 CounterKey = tuple[str, str, float]
 """(key id, budget period, period start) of one budget counter."""
 
 
+INSERT, CHECKPOINT, COMPLETE = "insert", "checkpoint", "complete"
+
+
 @dataclass(slots=True)
 class RowChange:
-    """One change to a usage row and the budget counter delta it carries."""
+    """One change to a usage row and the budget counter delta it carries.
+
+    `insert` writes a new row (`values`: every column); `checkpoint` updates a stream's progress (`output_tokens`,
+    `provider`, `node`) only while the row is still pending, and its counter delta likewise; `complete` writes the
+    final columns (COMPLETION_COLUMNS).
+    """
 
     row_id: str
     values: dict[str, Any]
-    insert: bool = False
-    only_pending: bool = False
-    """An update that applies only while the row is still pending (checkpoints); its counter delta likewise."""
+    kind: str = INSERT
     counter: CounterKey | None = None
     delta: tuple[int, int] = (0, 0)
     """(requests, tokens) to add to `counter` when the change applies."""
     future: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    """Resolves once committed: True when the change applied (an only-pending update may find the row done)."""
+    """Resolves once committed: True when the change applied (a checkpoint may find the row already done)."""
 
 
-_COMPLETION_COLUMNS = (
+COMPLETION_COLUMNS = (
     "status",
     "http_status",
     "provider",
@@ -66,6 +73,36 @@ _COMPLETION_COLUMNS = (
     "ttft_ms",
     "error",
 )
+CHECKPOINT_COLUMNS = ("output_tokens", "provider", "node")
+
+# Built once: executing a prepared statement hits SQLAlchemy's compiled cache, where building one per batch cost
+# more than the SQLite transaction itself. Bound names carry a prefix (SQLAlchemy reserves the column names).
+_COMPLETE = (
+    update(UsageRow)
+    .where(UsageRow.id == bindparam("b_row_id"))
+    .values({name: bindparam("b_" + name) for name in COMPLETION_COLUMNS})
+)
+_CHECKPOINT = (
+    update(UsageRow)
+    .where(UsageRow.id == bindparam("b_row_id"), UsageRow.status == "pending")
+    .values({name: bindparam("b_" + name) for name in CHECKPOINT_COLUMNS})
+)
+TOUCH_KEY = update(ApiKey).where(ApiKey.id == bindparam("b_key_id")).values(last_used_at=bindparam("b_when"))
+UPSERT_COUNTER = {
+    dialect: counter_upsert(
+        dialect,
+        bindparam("b_key_id"),
+        bindparam("b_period"),
+        bindparam("b_start"),
+        bindparam("b_requests"),
+        bindparam("b_tokens"),
+    )
+    for dialect in ("sqlite", "postgresql")
+}
+
+
+def _bound(row_id: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {"b_row_id": row_id, **{"b_" + k: v for k, v in values.items()}}
 
 
 class UsageWriter:
@@ -158,10 +195,10 @@ class UsageWriter:
         kept = []
         for change in batch:
             why = self._lost.get(change.row_id)
-            if why is None or change.insert:
+            if why is None or change.kind == INSERT:
                 kept.append(change)
                 continue
-            if not change.only_pending:  # the row's last change: nothing more will come for it
+            if change.kind == COMPLETE:  # the row's last change: nothing more will come for it
                 del self._lost[change.row_id]
             change.future.set_exception(why)
             change.future.exception()
@@ -170,25 +207,30 @@ class UsageWriter:
     def _fail(self, batch: list[RowChange], exc: BaseException) -> None:
         logger.error("could not write %d usage changes: %s", len(batch), exc)
         for change in batch:
-            if change.insert:
+            if change.kind == INSERT:
                 self._lost[change.row_id] = exc
             if not change.future.done():
                 change.future.set_exception(exc)
                 # Marked as seen: a caller that only enqueued learns of the failure through its own follow-up.
                 change.future.exception()
 
-    async def _run(self, fn: Callable[..., list[bool]], *args: Any) -> list[bool]:
+    async def transaction(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(connection, *args)` in one transaction of its own on the writer's connection, committed unless
+        `fn` raises (one thread hop on SQLite)."""
+        return await self._run(fn, *args)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(connection, *args)` in one committed transaction."""
         if self._sync_engine is not None and self._thread is not None:
             engine = self._sync_engine
 
-            def in_thread() -> list[bool]:
+            def in_thread() -> T:
                 with engine.begin() as conn:
                     return fn(conn, *args)
 
             return await asyncio.get_running_loop().run_in_executor(self._thread, in_thread)
         async with self.db.engine.begin() as conn:
-            return cast(list[bool], await conn.run_sync(fn, *args))
+            return cast(T, await conn.run_sync(fn, *args))
 
 
 def _resolve(batch: list[RowChange], applied: list[bool]) -> None:
@@ -200,52 +242,56 @@ def _resolve(batch: list[RowChange], applied: list[bool]) -> None:
 def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, float]) -> list[bool]:
     """Apply a batch in the connection's transaction; whether each change applied, in order."""
     inserts: dict[str, dict[str, Any]] = {}
-    updates: list[tuple[int, RowChange]] = []
+    completions: list[RowChange] = []
+    checkpoints: list[tuple[int, RowChange]] = []
     applied = [True] * len(batch)
     deltas: dict[CounterKey, list[int]] = {}
     for i, change in enumerate(batch):
         pending = inserts.get(change.row_id)
-        if change.insert:
+        if change.kind == INSERT:
             inserts[change.row_id] = dict(change.values)
         elif pending is not None:
             # The row is inserted by this very batch: fold the change into the insert.
-            if change.only_pending and pending.get("status") != "pending":
+            if change.kind == CHECKPOINT and pending["status"] != "pending":
                 applied[i] = False
                 continue
             pending.update(change.values)
+        elif change.kind == COMPLETE:
+            completions.append(change)
         else:
-            updates.append((i, change))
+            checkpoints.append((i, change))
             continue
         _add(deltas, change)
     if inserts:
-        conn.execute(insert(UsageRow), list(inserts.values()))
-    completions = [c for _, c in updates if not c.only_pending and set(c.values) == set(_COMPLETION_COLUMNS)]
+        # executemany wants one set of columns: rows completed in this batch have more than pending ones.
+        shapes: dict[frozenset[str], list[dict[str, Any]]] = {}
+        for row in inserts.values():
+            shapes.setdefault(frozenset(row), []).append(row)
+        for rows in shapes.values():
+            conn.execute(insert(UsageRow), rows)
     if completions:
-        statement = (
-            update(UsageRow)
-            .where(UsageRow.id == bindparam("row_id"))
-            .values({name: bindparam(name) for name in _COMPLETION_COLUMNS})
-        )
-        conn.execute(statement, [{"row_id": c.row_id, **c.values} for c in completions])
-        for change in completions:
-            _add(deltas, change)
-    grouped = {id(c) for c in completions}
-    for i, change in updates:
-        if id(change) in grouped:
-            continue
-        statement = update(UsageRow).where(UsageRow.id == change.row_id)
-        if change.only_pending:
-            statement = statement.where(UsageRow.status == "pending")
-        result = cast(CursorResult[Any], conn.execute(statement.values(change.values)))
-        if change.only_pending and not result.rowcount:
+        conn.execute(_COMPLETE, [_bound(c.row_id, c.values) for c in completions])
+    for i, change in checkpoints:
+        result = cast(CursorResult[Any], conn.execute(_CHECKPOINT, _bound(change.row_id, change.values)))
+        if not result.rowcount:
             applied[i] = False
             continue
         _add(deltas, change)
+    upsert = UPSERT_COUNTER[conn.dialect.name]
     for (key_id, period, start), (requests, tokens) in deltas.items():
         if requests or tokens:
-            conn.execute(counter_upsert(conn.dialect.name, key_id, period, start, requests, tokens))
+            conn.execute(
+                upsert,
+                {
+                    "b_key_id": key_id,
+                    "b_period": period,
+                    "b_start": start,
+                    "b_requests": requests,
+                    "b_tokens": tokens,
+                },
+            )
     for key_id, when in touches.items():
-        conn.execute(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=when))
+        conn.execute(TOUCH_KEY, {"b_key_id": key_id, "b_when": when})
     return applied
 
 

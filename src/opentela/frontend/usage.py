@@ -14,14 +14,30 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, func, insert, or_, select, update
+from sqlalchemy import CursorResult, bindparam, case, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
 
-from opentela.frontend.counters import add_to_counter, has_budget, read_counter, rebuild_counters_sync
+from opentela.frontend.counters import has_budget, rebuild_counters_sync
 from opentela.frontend.db import Database
-from opentela.frontend.group_commit import RowChange, UsageWriter
-from opentela.frontend.limits import RATE_WINDOW_S, Consumption, Limits, check, period_start, refusal_error
+from opentela.frontend.group_commit import (
+    CHECKPOINT,
+    COMPLETE,
+    TOUCH_KEY,
+    UPSERT_COUNTER,
+    RowChange,
+    UsageWriter,
+)
+from opentela.frontend.limits import (
+    RATE_WINDOW_S,
+    Consumption,
+    Limits,
+    Refusal,
+    check,
+    period_start,
+    refusal_error,
+)
 from opentela.frontend.local_admission import KeyUsage, LocalAdmission, WindowEntry
-from opentela.frontend.schema import ApiKey, UsageRow
+from opentela.frontend.schema import ApiKey, UsageCounter, UsageRow
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +121,73 @@ TOUCH_EVERY_S = 1.0
 """A key's last_used_at is written at most this often with in-memory admission."""
 
 
+class _Refused(Exception):
+    """Raised inside the admission transaction to roll it back."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
+_TOKENS = UsageRow.input_tokens + UsageRow.output_tokens
+_WINDOW = select(func.count(), func.coalesce(func.sum(_TOKENS), 0), func.min(UsageRow.started_at)).where(
+    UsageRow.key_id == bindparam("b_key_id"), UsageRow.started_at > bindparam("b_since")
+)
+_COUNTER = select(UsageCounter.requests, UsageCounter.tokens).where(
+    UsageCounter.key_id == bindparam("b_key_id"),
+    UsageCounter.period == bindparam("b_period"),
+    UsageCounter.start == bindparam("b_start"),
+)
+
+
+def _admit_transaction(
+    conn: Connection,
+    key_id: str,
+    limits: Limits,
+    counter: tuple[str, float] | None,
+    row: dict[str, Any],
+    now: float,
+) -> Consumption:
+    """Admission through the database, in one transaction: what the key used, its pending row and its counter.
+
+    The first statement updates the key's row, which locks it (a row lock on PostgreSQL, the write lock on SQLite),
+    so concurrent admissions of one key, from any replica, are serialized.
+    """
+    conn.execute(TOUCH_KEY, {"b_key_id": key_id, "b_when": now})
+    m_req = m_tok = 0
+    oldest = None
+    if limits.rpm is not None or limits.tpm is not None:
+        # The rows of the last minute: as many as the rate allows, whatever the key's history.
+        m_req, m_tok, oldest = conn.execute(
+            _WINDOW, {"b_key_id": key_id, "b_since": now - RATE_WINDOW_S}
+        ).one()
+    p_req = p_tok = 0
+    if counter is not None:
+        # One counter row, whatever the key's history: summing the period's rows grew with it.
+        found = conn.execute(
+            _COUNTER, {"b_key_id": key_id, "b_period": counter[0], "b_start": counter[1]}
+        ).first()
+        if found is not None:
+            p_req, p_tok = int(found[0]), int(found[1])
+    used = Consumption(int(m_req), int(m_tok), oldest, p_req, p_tok)
+    refusal = check(limits, used, now)
+    if refusal is not None:
+        raise _Refused(refusal)
+    conn.execute(insert(UsageRow), row)
+    if counter is not None:
+        conn.execute(
+            UPSERT_COUNTER[conn.dialect.name],
+            {
+                "b_key_id": key_id,
+                "b_period": counter[0],
+                "b_start": counter[1],
+                "b_requests": 1,
+                "b_tokens": row["input_tokens"],
+            },
+        )
+    return used
+
+
 class UsageLedger:
     """Reads and writes usage rows.
 
@@ -127,28 +210,6 @@ class UsageLedger:
     async def aclose(self) -> None:
         """Commit what is queued and release the writer."""
         await self.writer.aclose()
-
-    async def consumption(self, key: ApiKey, now: float, s: Any) -> Consumption:
-        """What `key` used in the rate window and in its budget period (within session `s`)."""
-        m_req = m_tok = 0
-        oldest = None
-        if has_rate_limit(key):
-            # The rows of the last minute: as many as the rate allows, whatever the key's history.
-            tokens = func.coalesce(func.sum(UsageRow.input_tokens + UsageRow.output_tokens), 0)
-            m_req, m_tok, oldest = (
-                await s.execute(
-                    select(func.count(), tokens, func.min(UsageRow.started_at)).where(
-                        UsageRow.key_id == key.id, UsageRow.started_at > now - RATE_WINDOW_S
-                    )
-                )
-            ).one()
-        p_req = p_tok = 0
-        if has_budget(key):
-            # One counter row, whatever the key's history: summing the period's rows grew with it.
-            p_req, p_tok = await read_counter(
-                s, key.id, key.budget_period, period_start(key.budget_period, now)
-            )
-        return Consumption(int(m_req), int(m_tok), oldest, p_req, p_tok)
 
     async def admit(
         self,
@@ -185,17 +246,18 @@ class UsageLedger:
             return await self._admit_in_memory(self.local, key, row, input_estimate)
         now = time.time()
         row_id = uuid.uuid4().hex
-        async with self.db.session() as s, s.begin():
-            await s.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
-            used = await self.consumption(key, now, s)
-            refusal = check(limits_of(key), used, now)
-            if refusal is not None:
-                raise refusal_error(refusal, now)
-            await s.execute(insert(UsageRow).values(id=row_id, started_at=now, day=utc_day(now), **row))
-            counter = None
-            if has_budget(key):
-                counter = (key.budget_period, period_start(key.budget_period, now))
-                await add_to_counter(s, self.db.dialect, key.id, *counter, 1, input_estimate)
+        counter = (key.budget_period, period_start(key.budget_period, now)) if has_budget(key) else None
+        try:
+            used = await self.writer.transaction(
+                _admit_transaction,
+                key.id,
+                limits_of(key),
+                counter,
+                {"id": row_id, "started_at": now, "day": utc_day(now), **row},
+                now,
+            )
+        except _Refused as refused:
+            raise refusal_error(refused.refusal, now) from None
         return Admission(
             row_id,
             request_id,
@@ -240,7 +302,6 @@ class UsageLedger:
             RowChange(
                 admission.row_id,
                 {"id": admission.row_id, "started_at": now, "day": utc_day(now), **row},
-                insert=True,
                 counter=admission.counter_key(),
                 delta=(1, input_estimate),
             )
@@ -277,7 +338,7 @@ class UsageLedger:
         change = RowChange(
             admission.row_id,
             {"output_tokens": output_tokens, "provider": provider, "node": node},
-            only_pending=True,
+            CHECKPOINT,
             counter=admission.counter_key(),
             delta=(0, delta),
         )
@@ -306,6 +367,7 @@ class UsageLedger:
                 "ttft_ms": outcome.ttft_ms,
                 "error": outcome.error,
             },
+            COMPLETE,
             counter=admission.counter_key(),
             delta=(0, delta),
         )
