@@ -12,7 +12,8 @@ Only what cannot be taken literally on a test machine is substituted:
 - ``catalog.yaml`` is a small catalog written into the directory the commands run in;
 - ``CONTROLLER_PEER_ID`` is what ``otela controller ... --show-peer-id`` prints;
 - the PostgreSQL URL of the stand-alone frontend becomes the SQLite database the other commands use by
-  default (no PostgreSQL server is needed for this check; the frontend tests cover PostgreSQL).
+  default (no PostgreSQL server is needed for this check; the frontend tests cover PostgreSQL), and both
+  frontends on it admit through the database (``OTELA_FRONTEND_ADMISSION=database``), as on PostgreSQL.
 
 Every process shares one temporary HOME with no XDG variables, like a user with several shells on one machine.
 """
@@ -547,8 +548,11 @@ async def test_api_keys_section_as_written(shells: Shells) -> None:
     s, readme = shells, read_readme()
     combined_cmd, frontend_cmd, keys_cmd = readme.keys
 
-    # The ingress with its frontend in one process (it joins nobody), and the tour's provider joining it.
-    combined = await s.start("keys-ingress-frontend", localize(combined_cmd, s.ports))
+    # The ingress with its frontend in one process (it joins nobody), and the tour's provider joining it. Both
+    # frontends here share one SQLite file where the README gives the second PostgreSQL, so both admit through the
+    # database as replicas on PostgreSQL do (in-memory admission is for a file one frontend has alone).
+    shared = {"OTELA_FRONTEND_ADMISSION": "database"}
+    combined = await s.start("keys-ingress-frontend", localize(combined_cmd, s.ports), **shared)
     bootstrap = (await s.wait_line(combined, r"^bootstrap\s+(\S+)")).group(1)
     dashboard = (await s.wait_line(combined, r"^frontend\s+(\S+)/ \(dashboard\)")).group(1)
     assert dashboard == s.url(8093), f"the dashboard is at {dashboard}, the README says :8093"
@@ -572,6 +576,7 @@ async def test_api_keys_section_as_written(shells: Shells) -> None:
         "keys-frontend",
         localize(frontend_cmd, s.ports, db=db),
         OTELA_FRONTEND_HTTP=f"127.0.0.1:{free_port()}",
+        **shared,
     )
     alone = (await s.wait_line(standalone, r"^frontend\s+(\S+)/ \(dashboard\)")).group(1)
 

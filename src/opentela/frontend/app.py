@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import inspect
 import logging
 import re
 from typing import Any
@@ -91,11 +92,24 @@ def _docs_page() -> HTMLResponse:
     )
 
 
+def _without_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry instrumentation turned off where it exists (newer FastAPI releases): the
+    frontend keeps its own access log and usage rows, and the spans cost time on every request."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
+
+
 def create_app(state: FrontendState) -> FastAPI:
     """The application over shared `state`."""
     # The API reference is served from a packaged Swagger UI: the dashboard must work with no internet access.
     app = FastAPI(
-        title="OpenTela frontend", version=__version__, description=DESCRIPTION, docs_url=None, redoc_url=None
+        title="OpenTela frontend",
+        version=__version__,
+        description=DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+        **_without_telemetry(),
     )
     app.state.frontend = state
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=_docs_csp(bytes(_docs_page().body).decode()))
