@@ -5,21 +5,25 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+import pytest_asyncio
 from frontend_helpers import FrontendProcess
 from sqlalchemy import select
 
-from opentela.cli.localmesh import LocalMesh
+from opentela.cli.localmesh import OTELA, LocalMesh, free_port
 from opentela.engines.embedded import MODEL_ID
+from opentela.frontend.counters import counters_from_rows, stored_counters
 from opentela.frontend.db import Database
 from opentela.frontend.keys import KeySettings, KeyStore
 from opentela.frontend.schema import UsageRow
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
+SIM_MODEL = "burst-model"
 
 
 def _body(max_tokens: int, stream: bool) -> dict[str, Any]:
@@ -136,6 +140,88 @@ async def test_kill_as_responses_complete_loses_no_usage(
         after = await _rows(db)
         assert not [r for r in after.values() if r.status == "pending"]
         assert {r.status for r in after.values()} <= {"ok", "interrupted"}
+    finally:
+        await fe.stop()
+        if restarted is not None:
+            await restarted.stop()
+        await db.aclose()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalMesh]:
+    """An ingress and a worker whose simulated engine takes 30 ms to the first token and 5 ms per token: a burst
+    of requests is in flight together, each for a different time."""
+    async with LocalMesh(tmp_path_factory.mktemp("burst-mesh")) as m:
+        await m.start_ingress()
+        engine = [*OTELA, "engine", "simulated", "--model", SIM_MODEL, "--port", str(free_port())]
+        await m.add_worker("worker", [*engine, "--ttft-ms", "30", "--itl-ms", "5"])
+        await m.wait_serving(SIM_MODEL, 1, timeout=60)
+        yield m
+
+
+async def _counters(db: Database) -> tuple[dict, dict]:
+    async with db.engine.connect() as conn:
+        return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
+
+
+async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_runs_ahead(
+    sim_mesh: LocalMesh, db_url: str, tmp_path: Path
+) -> None:
+    """200 concurrent requests of a key with budgets, SIGKILL once 60 have completed. Every response the client
+    fully received has its completed row, and after the restart every budget counter equals its rows."""
+    db = await Database.open(db_url)
+    key, secret = await KeyStore(db).create(
+        KeySettings(name="burst", budget_tokens=10**9, budget_requests=10**6, rpm_limit=10**6)
+    )
+    fe = await FrontendProcess(sim_mesh.api, db_url, tmp_path, name="burst").start()
+    restarted = None
+    try:
+        enough, completed = asyncio.Event(), 0
+
+        async def one(i: int) -> dict[str, Any]:
+            nonlocal completed
+            body = {
+                "model": SIM_MODEL,
+                "messages": [{"role": "user", "content": f"request {i}"}],
+                "max_tokens": 1 + (i * 7) % 40,
+                "stream": i % 2 == 0,
+            }
+            if body["stream"]:
+                body["stream_options"] = {"include_usage": True}
+            seen = await _one(http, fe.url + "/v1/chat/completions", secret, body, asyncio.Event())
+            if seen["complete"]:
+                completed += 1
+                if completed >= 60:
+                    enough.set()
+            return seen
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            tasks = [asyncio.create_task(one(i)) for i in range(200)]
+            await asyncio.wait_for(enough.wait(), 120)
+            fe.node.signal(signal.SIGKILL)
+            seen = await asyncio.gather(*tasks)
+        await fe.node.wait(30)
+        rows = await _rows(db)
+        done = [s for s in seen if s["complete"]]
+        assert 60 <= len(done) < 200, len(done)  # the kill came in the middle of the burst
+        for s in done:
+            row = rows[s["row"]]
+            assert row.status == "ok", (row.status, row.error)
+            assert (row.input_tokens, row.output_tokens) == (
+                s["usage"]["prompt_tokens"],
+                s["usage"]["completion_tokens"],
+            )
+        stored, truth = await _counters(db)
+        assert {k: v for k, v in stored.items() if k[0] == key.id} == {
+            k: v for k, v in truth.items() if k[0] == key.id
+        }
+        restarted = await FrontendProcess(sim_mesh.api, db_url, tmp_path, name="burst").start()
+        after = await _rows(db)
+        assert not [r for r in after.values() if r.status == "pending"]
+        stored, truth = await _counters(db)
+        mine = {k: v for k, v in stored.items() if k[0] == key.id}
+        assert mine == {k: v for k, v in truth.items() if k[0] == key.id}
+        assert mine and next(iter(mine.values()))[0] == len([r for r in after.values() if r.key_id == key.id])
     finally:
         await fe.stop()
         if restarted is not None:

@@ -178,6 +178,8 @@ class UsageWriter:
                     "a batch of %d usage changes failed (%s); retrying one by one", len(batch), exc
                 )
                 for change in batch:
+                    if self._lost and not self._drop_lost([change]):
+                        continue  # its row's insert just failed
                     try:
                         (ok,) = await self._run(_apply_batch, [change], {})
                     except Exception as one:
@@ -242,7 +244,7 @@ def _resolve(batch: list[RowChange], applied: list[bool]) -> None:
 def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, float]) -> list[bool]:
     """Apply a batch in the connection's transaction; whether each change applied, in order."""
     inserts: dict[str, dict[str, Any]] = {}
-    completions: list[RowChange] = []
+    completions: list[tuple[int, RowChange]] = []
     checkpoints: list[tuple[int, RowChange]] = []
     applied = [True] * len(batch)
     deltas: dict[CounterKey, list[int]] = {}
@@ -257,7 +259,8 @@ def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, fl
                 continue
             pending.update(change.values)
         elif change.kind == COMPLETE:
-            completions.append(change)
+            completions.append((i, change))
+            continue
         else:
             checkpoints.append((i, change))
             continue
@@ -270,7 +273,18 @@ def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, fl
         for rows in shapes.values():
             conn.execute(insert(UsageRow), rows)
     if completions:
-        conn.execute(_COMPLETE, [_bound(c.row_id, c.values) for c in completions])
+        params = [_bound(c.row_id, c.values) for _, c in completions]
+        result = cast(CursorResult[Any], conn.execute(_COMPLETE, params))
+        if result.rowcount == len(completions):
+            for _, change in completions:
+                _add(deltas, change)
+        else:  # some row is missing: find which, and count none of its tokens
+            for i, change in completions:
+                one = cast(CursorResult[Any], conn.execute(_COMPLETE, _bound(change.row_id, change.values)))
+                if one.rowcount:
+                    _add(deltas, change)
+                else:
+                    applied[i] = False
     for i, change in checkpoints:
         result = cast(CursorResult[Any], conn.execute(_CHECKPOINT, _bound(change.row_id, change.values)))
         if not result.rowcount:

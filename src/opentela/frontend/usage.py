@@ -74,6 +74,8 @@ class Admission:
     usage: KeyUsage | None = None
     window: WindowEntry | None = None
     """The request's place in the in-memory rate window (in-memory admission only)."""
+    changing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held from computing a change's counter delta until it committed: each delta is relative to the last."""
 
     def counter_key(self) -> tuple[str, str, float] | None:
         """(key id, period, start) of the budget counter, if the request is counted in one."""
@@ -333,22 +335,27 @@ class UsageLedger:
         self, admission: Admission, output_tokens: int, provider: str | None, node: str | None
     ) -> None:
         """Record progress of a long stream, so an interrupted one keeps what was already delivered."""
-        tokens = admission.input_estimate + output_tokens
-        delta = tokens - admission.counted_tokens
-        change = RowChange(
-            admission.row_id,
-            {"output_tokens": output_tokens, "provider": provider, "node": node},
-            CHECKPOINT,
-            counter=admission.counter_key(),
-            delta=(0, delta),
-        )
-        if await self.writer.submit(change):
-            admission.counted_tokens = tokens
-            self._correct(admission, delta)
+        async with admission.changing:
+            tokens = admission.input_estimate + output_tokens
+            delta = tokens - admission.counted_tokens
+            change = RowChange(
+                admission.row_id,
+                {"output_tokens": output_tokens, "provider": provider, "node": node},
+                CHECKPOINT,
+                counter=admission.counter_key(),
+                delta=(0, delta),
+            )
+            if await self.writer.submit(change):
+                admission.counted_tokens = tokens
+                self._correct(admission, delta)
 
     async def complete(self, admission: Admission, outcome: Outcome) -> None:
         """Finish the row; called before the last byte of the response goes to the client. Returns once the
         row is committed (sharing the commit with whatever else was queued)."""
+        async with admission.changing:
+            await self._complete(admission, outcome)
+
+    async def _complete(self, admission: Admission, outcome: Outcome) -> None:
         now = time.time()
         tokens = outcome.input_tokens + outcome.output_tokens
         delta = tokens - admission.counted_tokens
