@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import CursorResult, Engine, bindparam, create_engine, event, insert, update
+from sqlalchemy import CursorResult, Engine, bindparam, create_engine, event, insert, select, update
 from sqlalchemy.engine import Connection
 
 from opentela.frontend.counters import counter_upsert
@@ -275,16 +275,19 @@ def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, fl
     if completions:
         params = [_bound(c.row_id, c.values) for _, c in completions]
         result = cast(CursorResult[Any], conn.execute(_COMPLETE, params))
+        present: Container[str]
         if result.rowcount == len(completions):
-            for _, change in completions:
+            present = {c.row_id for _, c in completions}
+        else:
+            # Some row is missing, or the driver does not count an executemany (asyncpg): ask which rows exist,
+            # and count none of the tokens of a row that is not there.
+            ids = [c.row_id for _, c in completions]
+            present = set(conn.execute(select(UsageRow.id).where(UsageRow.id.in_(ids))).scalars())
+        for i, change in completions:
+            if change.row_id in present:
                 _add(deltas, change)
-        else:  # some row is missing: find which, and count none of its tokens
-            for i, change in completions:
-                one = cast(CursorResult[Any], conn.execute(_COMPLETE, _bound(change.row_id, change.values)))
-                if one.rowcount:
-                    _add(deltas, change)
-                else:
-                    applied[i] = False
+            else:
+                applied[i] = False
     for i, change in checkpoints:
         result = cast(CursorResult[Any], conn.execute(_CHECKPOINT, _bound(change.row_id, change.values)))
         if not result.rowcount:
