@@ -95,7 +95,10 @@ def print_frontend(frontend: Frontend, config: OtelaConfig) -> None:
         f"frontend  {frontend.url}/ (dashboard), {frontend.url}/v1 (API), {frontend.url}/docs",
         file=sys.stderr,
     )
-    print(f"database  {frontend.state.db!r}", file=sys.stderr)
+    if frontend.in_process:
+        print("          requests go to this node's gateway in-process", file=sys.stderr)
+    decided = "in memory" if frontend.state.ledger.local is not None else "through the database"
+    print(f"database  {frontend.state.db!r}, limits decided {decided}", file=sys.stderr)
     print(f"admin     token {where}; create a key with `otela keys create --name NAME`", file=sys.stderr)
     sys.stderr.flush()
 

@@ -133,6 +133,11 @@ class Frontend:
         self._task: asyncio.Task[None] | None = None
         self._lock: AdmissionLock | None = None
 
+    @property
+    def in_process(self) -> bool:
+        """Whether requests go to a gateway in this process rather than over HTTP."""
+        return isinstance(self.state.ingress, InProcessIngress)
+
     def __repr__(self) -> str:
         return f"<Frontend {self.url or 'not listening'} -> {self.state.ingress.base_url} {self.state.db!r}>"
 
