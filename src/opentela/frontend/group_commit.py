@@ -274,7 +274,8 @@ def _apply_batch(conn: Connection, batch: list[RowChange], touches: dict[str, fl
             conn.execute(insert(UsageRow), rows)
     if completions:
         params = [_bound(c.row_id, c.values) for _, c in completions]
-        result = cast(CursorResult[Any], conn.execute(_COMPLETE, params))
+        # One row alone runs as a plain statement, whose count every driver reports (saving the check below).
+        result = cast(CursorResult[Any], conn.execute(_COMPLETE, params[0] if len(params) == 1 else params))
         present: Container[str]
         if result.rowcount == len(completions):
             present = {c.row_id for _, c in completions}

@@ -135,10 +135,15 @@ _TOKENS = UsageRow.input_tokens + UsageRow.output_tokens
 _WINDOW = select(func.count(), func.coalesce(func.sum(_TOKENS), 0), func.min(UsageRow.started_at)).where(
     UsageRow.key_id == bindparam("b_key_id"), UsageRow.started_at > bindparam("b_since")
 )
-_COUNTER = select(UsageCounter.requests, UsageCounter.tokens).where(
+_THIS_COUNTER = (
     UsageCounter.key_id == bindparam("b_key_id"),
     UsageCounter.period == bindparam("b_period"),
     UsageCounter.start == bindparam("b_start"),
+)
+_COUNTER = select(UsageCounter.requests, UsageCounter.tokens).where(*_THIS_COUNTER)
+_WINDOW_AND_COUNTER = _WINDOW.add_columns(
+    select(UsageCounter.requests).where(*_THIS_COUNTER).scalar_subquery(),
+    select(UsageCounter.tokens).where(*_THIS_COUNTER).scalar_subquery(),
 )
 
 
@@ -156,22 +161,24 @@ def _admit_transaction(
     so concurrent admissions of one key, from any replica, are serialized.
     """
     conn.execute(TOUCH_KEY, {"b_key_id": key_id, "b_when": now})
-    m_req = m_tok = 0
+    m_req = m_tok = p_req = p_tok = 0
     oldest = None
-    if limits.rpm is not None or limits.tpm is not None:
-        # The rows of the last minute: as many as the rate allows, whatever the key's history.
-        m_req, m_tok, oldest = conn.execute(
-            _WINDOW, {"b_key_id": key_id, "b_since": now - RATE_WINDOW_S}
-        ).one()
-    p_req = p_tok = 0
-    if counter is not None:
-        # One counter row, whatever the key's history: summing the period's rows grew with it.
-        found = conn.execute(
-            _COUNTER, {"b_key_id": key_id, "b_period": counter[0], "b_start": counter[1]}
-        ).first()
+    rate = limits.rpm is not None or limits.tpm is not None
+    window = {"b_key_id": key_id, "b_since": now - RATE_WINDOW_S}
+    budget = (
+        {"b_key_id": key_id, "b_period": counter[0], "b_start": counter[1]} if counter is not None else None
+    )
+    # The rows of the last minute (as many as the rate allows, whatever the key's history) and one counter row
+    # (summing the period's rows grew with history): one round trip when the key has both limits.
+    if rate and budget is not None:
+        m_req, m_tok, oldest, p_req, p_tok = conn.execute(_WINDOW_AND_COUNTER, {**window, **budget}).one()
+    elif rate:
+        m_req, m_tok, oldest = conn.execute(_WINDOW, window).one()
+    elif budget is not None:
+        found = conn.execute(_COUNTER, budget).first()
         if found is not None:
-            p_req, p_tok = int(found[0]), int(found[1])
-    used = Consumption(int(m_req), int(m_tok), oldest, p_req, p_tok)
+            p_req, p_tok = found
+    used = Consumption(int(m_req), int(m_tok), oldest, int(p_req or 0), int(p_tok or 0))
     refusal = check(limits, used, now)
     if refusal is not None:
         raise _Refused(refusal)
