@@ -237,15 +237,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_litellm(args: argparse.Namespace, workdir: Path, pg: Any) -> dict[str, Any]:
-    """LiteLLM's proxy next to our co-located frontend (on PostgreSQL when it runs, else SQLite), both against the
-    same kind of engine in the same run: each one's added latency over what it fronts.
-
-    LiteLLM runs with its master key and no database: its virtual keys and spend tracking need Prisma's query and
-    schema engines, which Prisma downloads from its own CDN at install time, and only the package registries are
-    reachable from this machine. A proxy that also looks up a virtual key and writes spend to PostgreSQL does more
-    work per request, so the ratio reported here understates the difference.
-    """
-    from _litellm import litellm_proxy, litellm_version
+    """LiteLLM's proxy as its users run it for keys and spend tracking (master key, its own PostgreSQL, a virtual
+    key with a budget and an rpm limit; see benchmarks/_litellm.py) next to our co-located frontend (on PostgreSQL
+    when it runs, else SQLite), both against the same kind of engine in the same run: each one's added latency over
+    what it fronts."""
+    from _litellm import litellm_proxy_with_keys, litellm_version
 
     url = pg.create_database("bench_vs_litellm") if pg is not None else f"sqlite:///{workdir}/vs-litellm.db"
     secret = await prepare_database(url, 0)
@@ -258,7 +254,7 @@ async def run_litellm(args: argparse.Namespace, workdir: Path, pg: Any) -> dict[
             async with aiohttp.ClientSession() as http:
                 direct_engine = f"http://127.0.0.1:{engine_port}"
                 await _wait_engine(http, direct_engine)
-                async with litellm_proxy(direct_engine + "/v1", MODEL, free_port(), workdir) as (
+                async with litellm_proxy_with_keys(direct_engine + "/v1", MODEL, free_port(), workdir) as (
                     lite_url,
                     lite_key,
                 ):
@@ -351,10 +347,9 @@ def render_markdown(result: dict[str, Any]) -> str:
             "",
             f"Same run, same simulated engine. Ours: the co-located frontend on {lite['database']} (key, rate limit",
             "and token budget checked, usage row written and completed), its added latency over the ingress.",
-            "LiteLLM: its proxy with its master key and no database, over calling the engine directly. Its virtual",
-            "keys and spend tracking need Prisma's engines, which Prisma downloads from its own CDN at install time",
-            "(not reachable from this machine, where only package registries are), so LiteLLM here does less per",
-            "request than it would with keys on PostgreSQL: the ratio understates the difference.",
+            "LiteLLM: its proxy with a virtual key (budget, rpm limit, spend tracking in its own PostgreSQL), over",
+            "calling the engine directly. Prisma's engines, which LiteLLM's database layer needs, run as Prisma's",
+            "WebAssembly builds from npm (the native ones come only from Prisma's CDN, not reachable here).",
             "",
             "| load | ours added p50 | LiteLLM added p50 | ratio p50 | ours added p99 | LiteLLM added p99 | load avg |",
             "|---|---|---|---|---|---|---|",
