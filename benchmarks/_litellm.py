@@ -65,18 +65,7 @@ def ensure_litellm() -> Path:
     print("installing litellm[proxy] into .bench-venv (first run only)...", file=sys.stderr)
     if not (VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run(
-        [
-            str(VENV / "bin" / "python"),
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--disable-pip-version-check",
-            "litellm[proxy]",
-        ],
-        check=True,
-    )
+    _bench_pip("litellm[proxy]")
     return LITELLM
 
 
@@ -92,6 +81,7 @@ def litellm_version() -> str:
 
 
 def _bench_pip(*packages: str) -> None:
+    """pip install `packages` into .bench-venv."""
     subprocess.run(
         [
             str(VENV / "bin" / "python"),

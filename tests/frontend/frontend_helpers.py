@@ -13,8 +13,31 @@ import aiohttp
 
 from opentela.cli.localmesh import OTELA, NodeProcess, free_port
 from opentela.frontend import Frontend, FrontendConfig
+from opentela.frontend.counters import counters_from_rows, stored_counters
+from opentela.frontend.db import Database
+from opentela.frontend.schema import ApiKey
+from opentela.frontend.usage import Admission, UsageLedger
 
 ADMIN_TOKEN = "otela-admin-test-" + uuid.uuid4().hex
+
+
+async def admit(ledger: UsageLedger, key: ApiKey, estimate: int = 10) -> Admission:
+    """Admit one chat request of `key` with `estimate` prompt tokens."""
+    return await ledger.admit(
+        key,
+        request_id=f"r-{uuid.uuid4().hex[:8]}",
+        endpoint="/v1/chat/completions",
+        model="m",
+        stream=False,
+        input_estimate=estimate,
+        sampling=None,
+    )
+
+
+async def counters(db: Database) -> tuple[dict, dict]:
+    """Every budget counter as stored, and as the usage rows say it should be."""
+    async with db.engine.connect() as conn:
+        return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
 
 
 async def start_frontend(ingress: str, db_url: str, **config: Any) -> Frontend:

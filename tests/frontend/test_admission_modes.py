@@ -5,13 +5,12 @@ and the lock file keeps two processes from deciding in memory over one file."""
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from frontend_helpers import ADMIN_TOKEN
+from frontend_helpers import ADMIN_TOKEN, admit, counters
 from frontend_services import PostgresServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,12 +19,11 @@ from sqlalchemy.exc import IntegrityError
 
 from opentela.errors import ConfigError
 from opentela.frontend import Frontend, FrontendConfig
-from opentela.frontend.counters import counters_from_rows, stored_counters
 from opentela.frontend.db import Database
 from opentela.frontend.errors import BudgetExceededError, RateLimitExceededError
 from opentela.frontend.group_commit import COMPLETE, COMPLETION_COLUMNS, RowChange
 from opentela.frontend.keys import KeySettings, KeyStore
-from opentela.frontend.schema import ApiKey, UsageRow
+from opentela.frontend.schema import UsageRow
 from opentela.frontend.usage import Admission, Outcome, UsageLedger
 
 MODES = ["memory", "database"]
@@ -34,24 +32,6 @@ MODES = ["memory", "database"]
 def ledger_for(db: Database, mode: str, instance: str = "t") -> UsageLedger:
     """A ledger admitting the given way."""
     return UsageLedger(db, instance, in_memory=mode == "memory")
-
-
-async def admit(ledger: UsageLedger, key: ApiKey, estimate: int = 10) -> Admission:
-    return await ledger.admit(
-        key,
-        request_id=f"r{random.random()}",
-        endpoint="/v1/chat/completions",
-        model="m",
-        stream=False,
-        input_estimate=estimate,
-        sampling=None,
-    )
-
-
-async def counters(db: Database) -> tuple[dict, dict]:
-    """(stored, recomputed from the rows)."""
-    async with db.engine.connect() as conn:
-        return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
 
 
 async def rows(db: Database) -> dict[str, UsageRow]:

@@ -7,31 +7,14 @@ import random
 import time
 
 import pytest
+from frontend_helpers import admit, counters
 from sqlalchemy import insert
 
-from opentela.frontend.counters import counters_from_rows, stored_counters
 from opentela.frontend.db import Database
 from opentela.frontend.errors import BudgetExceededError
 from opentela.frontend.keys import KeySettings, KeyStore
-from opentela.frontend.schema import ApiKey, UsageRow
+from opentela.frontend.schema import UsageRow
 from opentela.frontend.usage import Admission, Outcome, UsageLedger
-
-
-async def admit(ledger: UsageLedger, key: ApiKey, estimate: int = 10) -> Admission:
-    return await ledger.admit(
-        key,
-        request_id="r",
-        endpoint="/v1/chat/completions",
-        model="m",
-        stream=True,
-        input_estimate=estimate,
-        sampling=None,
-    )
-
-
-async def counters(db: Database) -> tuple[dict, dict]:
-    async with db.engine.connect() as conn:
-        return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
 
 
 async def test_counters_follow_every_row_change_and_rebuild_to_the_same(db_url: str) -> None:

@@ -12,12 +12,11 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
-from frontend_helpers import FrontendProcess
+from frontend_helpers import FrontendProcess, counters
 from sqlalchemy import select
 
 from opentela.cli.localmesh import OTELA, LocalMesh, free_port
 from opentela.engines.embedded import MODEL_ID
-from opentela.frontend.counters import counters_from_rows, stored_counters
 from opentela.frontend.db import Database
 from opentela.frontend.keys import KeySettings, KeyStore
 from opentela.frontend.schema import UsageRow
@@ -159,11 +158,6 @@ async def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lo
         yield m
 
 
-async def _counters(db: Database) -> tuple[dict, dict]:
-    async with db.engine.connect() as conn:
-        return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
-
-
 async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_runs_ahead(
     sim_mesh: LocalMesh, db_url: str, tmp_path: Path
 ) -> None:
@@ -211,14 +205,14 @@ async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_
                 s["usage"]["prompt_tokens"],
                 s["usage"]["completion_tokens"],
             )
-        stored, truth = await _counters(db)
+        stored, truth = await counters(db)
         assert {k: v for k, v in stored.items() if k[0] == key.id} == {
             k: v for k, v in truth.items() if k[0] == key.id
         }
         restarted = await FrontendProcess(sim_mesh.api, db_url, tmp_path, name="burst").start()
         after = await _rows(db)
         assert not [r for r in after.values() if r.status == "pending"]
-        stored, truth = await _counters(db)
+        stored, truth = await counters(db)
         mine = {k: v for k, v in stored.items() if k[0] == key.id}
         assert mine == {k: v for k, v in truth.items() if k[0] == key.id}
         assert mine and next(iter(mine.values()))[0] == len([r for r in after.values() if r.key_id == key.id])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import bindparam, delete, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection
@@ -25,15 +25,18 @@ def has_budget(key: ApiKey) -> bool:
     return key.budget_tokens is not None or key.budget_requests is not None
 
 
+THIS_COUNTER = (
+    UsageCounter.key_id == bindparam("b_key_id"),
+    UsageCounter.period == bindparam("b_period"),
+    UsageCounter.start == bindparam("b_start"),
+)
+"""The counter named by the bound parameters b_key_id, b_period and b_start."""
+READ_COUNTER = select(UsageCounter.requests, UsageCounter.tokens).where(*THIS_COUNTER)
+
+
 async def read_counter(s: Any, key_id: str, period: str, start: float) -> tuple[int, int]:
     """(requests, tokens) of one key's budget period; zero when nothing was counted yet."""
-    row = (
-        await s.execute(
-            select(UsageCounter.requests, UsageCounter.tokens).where(
-                UsageCounter.key_id == key_id, UsageCounter.period == period, UsageCounter.start == start
-            )
-        )
-    ).first()
+    row = (await s.execute(READ_COUNTER, {"b_key_id": key_id, "b_period": period, "b_start": start})).first()
     return (int(row[0]), int(row[1])) if row is not None else (0, 0)
 
 

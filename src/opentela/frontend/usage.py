@@ -17,7 +17,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, bindparam, case, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from opentela.frontend.counters import has_budget, rebuild_counters_sync
+from opentela.frontend.counters import READ_COUNTER, THIS_COUNTER, has_budget, rebuild_counters_sync
 from opentela.frontend.db import Database
 from opentela.frontend.group_commit import (
     CHECKPOINT,
@@ -135,15 +135,9 @@ _TOKENS = UsageRow.input_tokens + UsageRow.output_tokens
 _WINDOW = select(func.count(), func.coalesce(func.sum(_TOKENS), 0), func.min(UsageRow.started_at)).where(
     UsageRow.key_id == bindparam("b_key_id"), UsageRow.started_at > bindparam("b_since")
 )
-_THIS_COUNTER = (
-    UsageCounter.key_id == bindparam("b_key_id"),
-    UsageCounter.period == bindparam("b_period"),
-    UsageCounter.start == bindparam("b_start"),
-)
-_COUNTER = select(UsageCounter.requests, UsageCounter.tokens).where(*_THIS_COUNTER)
 _WINDOW_AND_COUNTER = _WINDOW.add_columns(
-    select(UsageCounter.requests).where(*_THIS_COUNTER).scalar_subquery(),
-    select(UsageCounter.tokens).where(*_THIS_COUNTER).scalar_subquery(),
+    select(UsageCounter.requests).where(*THIS_COUNTER).scalar_subquery(),
+    select(UsageCounter.tokens).where(*THIS_COUNTER).scalar_subquery(),
 )
 
 
@@ -175,7 +169,7 @@ def _admit_transaction(
     elif rate:
         m_req, m_tok, oldest = conn.execute(_WINDOW, window).one()
     elif budget is not None:
-        found = conn.execute(_COUNTER, budget).first()
+        found = conn.execute(READ_COUNTER, budget).first()
         if found is not None:
             p_req, p_tok = found
     used = Consumption(int(m_req), int(m_tok), oldest, int(p_req or 0), int(p_tok or 0))
