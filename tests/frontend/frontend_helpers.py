@@ -13,7 +13,7 @@ import aiohttp
 
 from opentela.cli.localmesh import OTELA, NodeProcess, free_port
 from opentela.frontend import Frontend, FrontendConfig
-from opentela.frontend.counters import counters_from_rows, stored_counters
+from opentela.frontend.counters import counters_from_rows, rate_from_rows, stored_counters, stored_rate
 from opentela.frontend.db import Database
 from opentela.frontend.schema import ApiKey
 from opentela.frontend.usage import Admission, UsageLedger
@@ -38,6 +38,13 @@ async def counters(db: Database) -> tuple[dict, dict]:
     """Every budget counter as stored, and as the usage rows say it should be."""
     async with db.engine.connect() as conn:
         return await conn.run_sync(stored_counters), await conn.run_sync(counters_from_rows)
+
+
+async def rates(db: Database) -> tuple[dict, dict]:
+    """Every rate bucket in the window, as stored and as the usage rows say it should be (at one instant)."""
+    now = time.time()
+    async with db.engine.connect() as conn:
+        return await conn.run_sync(stored_rate, now), await conn.run_sync(rate_from_rows, now)
 
 
 async def start_frontend(ingress: str, db_url: str, **config: Any) -> Frontend:

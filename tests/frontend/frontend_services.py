@@ -64,6 +64,14 @@ class PostgresServer:
         )
         return self.url(name)
 
+    def restart(self) -> None:
+        """Stop the server (closing every client's connection) and start it again on the same port."""
+        # The log file again: otherwise the new server keeps the output pipe this waits on open.
+        log = str(self.datadir.parent / "log")
+        self._run(
+            str(self.bindir / "pg_ctl"), "-D", str(self.datadir), "-l", log, "-m", "fast", "-w", "restart"
+        )
+
     def _run(self, *argv: str) -> None:
         # As root, PostgreSQL's tools run as the postgres user (initdb and the server refuse to run as root).
         prefix = [require_tool("runuser", "util-linux"), "-u", "postgres", "--"] if os.geteuid() == 0 else []

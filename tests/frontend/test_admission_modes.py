@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from frontend_helpers import ADMIN_TOKEN, admit, counters
+from frontend_helpers import ADMIN_TOKEN, admit, counters, rates
 from frontend_services import PostgresServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -146,6 +146,8 @@ async def test_live_counters_equal_the_rows_after_any_sequence(
         await ledger.writer.flush()
         stored, truth = await counters(db)
         assert stored == truth
+        stored_buckets, bucket_truth = await rates(db)
+        assert stored_buckets == bucket_truth
         if ledger.local is not None:
             for (key_id, period, start), (requests, tokens) in truth.items():
                 usage = ledger.local.key_usage(key_id)

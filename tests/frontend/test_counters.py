@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from pathlib import Path
 
 import pytest
-from frontend_helpers import admit, counters
+from frontend_helpers import admit, counters, rates
 from sqlalchemy import insert
 
-from opentela.frontend.db import Database
+from opentela.frontend.db import Database, sqlite_url
 from opentela.frontend.errors import BudgetExceededError
 from opentela.frontend.keys import KeySettings, KeyStore
 from opentela.frontend.schema import UsageRow
@@ -18,7 +19,18 @@ from opentela.frontend.usage import Admission, Outcome, UsageLedger
 
 
 async def test_counters_follow_every_row_change_and_rebuild_to_the_same(db_url: str) -> None:
-    """Admissions, checkpoints, completions of every kind and crash reconciliation, in random order."""
+    """Admissions, checkpoints, completions of every kind and crash reconciliation, in random order: the budget
+    counters and the rate buckets equal what the rows say, and a rebuild leaves them as they were."""
+    await _follow_every_change(db_url, in_memory=False)
+
+
+async def test_counters_follow_every_row_change_with_in_memory_admission(tmp_path: Path) -> None:
+    """The same with admission decided in memory (a SQLite file one process serves): the queued writes keep the
+    stored counters and buckets equal to the rows."""
+    await _follow_every_change(sqlite_url(tmp_path / "frontend.db"), in_memory=True)
+
+
+async def _follow_every_change(db_url: str, *, in_memory: bool) -> None:
     db = await Database.open(db_url)
     rng = random.Random(7)
     try:
@@ -28,12 +40,14 @@ async def test_counters_follow_every_row_change_and_rebuild_to_the_same(db_url: 
             for period in ("day", "week", "month", "total")
         ]
         keys.append((await store.create(KeySettings()))[0])  # no budget: no counter
-        ledger = UsageLedger(db, "t")
+        ledger = UsageLedger(db, "t", in_memory=in_memory)
         open_requests: list[Admission] = []
+        admitted = 0
         for _ in range(120):
             action = rng.random()
             if action < 0.45 or not open_requests:
                 open_requests.append(await admit(ledger, rng.choice(keys), rng.randint(0, 50)))
+                admitted += 1
             elif action < 0.6:
                 await ledger.checkpoint(rng.choice(open_requests), rng.randint(0, 99), "p", "n")
             else:
@@ -42,11 +56,14 @@ async def test_counters_follow_every_row_change_and_rebuild_to_the_same(db_url: 
                 await ledger.complete(
                     adm, Outcome(status, 200, "p", "n", rng.randint(0, 80), rng.randint(0, 80))
                 )
+        await ledger.writer.flush()
         await ledger.reconcile(stale_after=3600)  # what is still open becomes interrupted, tokens kept
         live, truth = await counters(db)
         assert live == truth and len(live) == 4
+        live_rate, rate_truth = await rates(db)
+        assert live_rate == rate_truth and sum(r for r, _ in live_rate.values()) == admitted
         assert await ledger.rebuild_counters() == 4
-        assert (await counters(db))[0] == live
+        assert (await counters(db))[0] == live and (await rates(db))[0] == live_rate
     finally:
         await db.aclose()
 
@@ -148,6 +165,8 @@ async def test_upgrading_a_database_with_history_builds_its_counters(db_url: str
         await db.migrate()
         live, truth = await counters(db)
         assert live == truth and list(live.values()) == [(2, 42)]
+        live_rate, rate_truth = await rates(db)
+        assert live_rate == rate_truth and sum(r for r, _ in live_rate.values()) == 2
         adm = await admit(ledger, key, estimate=8)
         assert adm.limit_headers["x-otela-budget-remaining-tokens"] == str(1000 - 42)
     finally:

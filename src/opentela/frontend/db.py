@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from opentela.errors import ConfigError
@@ -52,6 +52,18 @@ def sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA busy_timeout=10000")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.close()
+
+
+def drop_closed_connection(dbapi_conn: Any, _record: Any, _proxy: Any) -> None:
+    """Refuse a pooled PostgreSQL connection the server has closed (a restart, an idle timeout), so the pool opens
+    a new one instead of failing the request.
+
+    The driver learns of a close as soon as the server sends it, so asking the driver costs nothing; a ping per
+    checkout (SQLAlchemy's pool_pre_ping) cost a round trip on every request's two database calls.
+    """
+    driver = getattr(dbapi_conn, "driver_connection", None)
+    if driver is not None and driver.is_closed():
+        raise DisconnectionError("the server closed this connection")
 
 
 _SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
@@ -119,11 +131,11 @@ class Database:
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
                 _private_sqlite_file(parsed.database)
-        else:
-            kwargs["pool_pre_ping"] = True
         engine = create_async_engine(full, **kwargs)
         if engine.dialect.name == "sqlite":
             event.listen(engine.sync_engine, "connect", sqlite_pragmas)
+        else:
+            event.listen(engine.sync_engine, "checkout", drop_closed_connection)
         db = cls(engine)
         if migrate:
             try:

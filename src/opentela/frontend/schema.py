@@ -1,4 +1,4 @@
-"""The frontend's tables: API keys (hashes only), one usage row per request, and per-key budget counters."""
+"""The frontend's tables: API keys (hashes only), one usage row per request, per-key budget and rate counters."""
 
 from __future__ import annotations
 
@@ -79,6 +79,23 @@ class UsageCounter(Base):
     key_id: Mapped[str] = mapped_column(String(32), ForeignKey("api_keys.id"), primary_key=True)
     period: Mapped[str] = mapped_column(String(16), primary_key=True)
     start: Mapped[float] = mapped_column(Float, primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class UsageRate(Base):
+    """What a key started in one second of the rate window: requests and their tokens (estimated, then final).
+
+    A ring of RATE_SLOTS rows per key (slot = second mod RATE_SLOTS): a new second takes over the slot of one that
+    left the window, so the table never grows and admission sums at most RATE_SLOTS rows, however fast the key is
+    used. Kept next to the usage rows it sums, like the budget counters.
+    """
+
+    __tablename__ = "usage_rate"
+
+    key_id: Mapped[str] = mapped_column(String(32), ForeignKey("api_keys.id"), primary_key=True)
+    slot: Mapped[int] = mapped_column(Integer, primary_key=True)
+    second: Mapped[int] = mapped_column(BigInteger)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     tokens: Mapped[int] = mapped_column(BigInteger, default=0)
 

@@ -10,33 +10,38 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, bindparam, case, func, insert, or_, select, update
+from sqlalchemy import CursorResult, case, func, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from opentela.frontend.counters import READ_COUNTER, THIS_COUNTER, has_budget, rebuild_counters_sync
+from opentela.frontend.counters import (
+    READ_RATE,
+    THIS_COUNTER,
+    RateKey,
+    has_budget,
+    rate_second,
+    rate_since,
+    rate_slot,
+    rebuild_counters_sync,
+    rebuild_rate_sync,
+    window_consumption,
+)
 from opentela.frontend.db import Database
 from opentela.frontend.group_commit import (
     CHECKPOINT,
     COMPLETE,
     TOUCH_KEY,
     UPSERT_COUNTER,
+    UPSERT_RATE,
     RowChange,
     UsageWriter,
 )
-from opentela.frontend.limits import (
-    RATE_WINDOW_S,
-    Consumption,
-    Limits,
-    Refusal,
-    check,
-    period_start,
-    refusal_error,
-)
+from opentela.frontend.limits import Consumption, Limits, Refusal, check, period_start, refusal_error
 from opentela.frontend.local_admission import KeyUsage, LocalAdmission, WindowEntry
+from opentela.frontend.pg_calls import ADMIT_CALL, prefixed
 from opentela.frontend.schema import ApiKey, UsageCounter, UsageRow
 
 logger = logging.getLogger(__name__)
@@ -80,6 +85,10 @@ class Admission:
     def counter_key(self) -> tuple[str, str, float] | None:
         """(key id, period, start) of the budget counter, if the request is counted in one."""
         return None if self.budget_counter is None else (self.key_id, *self.budget_counter)
+
+    def rate_key(self) -> RateKey:
+        """(key id, second) of the rate bucket the request is counted in."""
+        return (self.key_id, rate_second(self.started_at))
 
 
 @dataclass
@@ -131,11 +140,7 @@ class _Refused(Exception):
         self.refusal = refusal
 
 
-_TOKENS = UsageRow.input_tokens + UsageRow.output_tokens
-_WINDOW = select(func.count(), func.coalesce(func.sum(_TOKENS), 0), func.min(UsageRow.started_at)).where(
-    UsageRow.key_id == bindparam("b_key_id"), UsageRow.started_at > bindparam("b_since")
-)
-_WINDOW_AND_COUNTER = _WINDOW.add_columns(
+_RATE_AND_COUNTER = READ_RATE.add_columns(
     select(UsageCounter.requests).where(*THIS_COUNTER).scalar_subquery(),
     select(UsageCounter.tokens).where(*THIS_COUNTER).scalar_subquery(),
 )
@@ -149,46 +154,60 @@ def _admit_transaction(
     row: dict[str, Any],
     now: float,
 ) -> Consumption:
-    """Admission through the database, in one transaction: what the key used, its pending row and its counter.
+    """Admission through the database, in one transaction: what the key used, its pending row and its counters.
 
     The first statement updates the key's row, which locks it (a row lock on PostgreSQL, the write lock on SQLite),
-    so concurrent admissions of one key, from any replica, are serialized.
+    so concurrent admissions of one key, from any replica, are serialized. PostgreSQL runs the same steps as one
+    call of `otela_admit` (frontend/pg_calls.py).
     """
     conn.execute(TOUCH_KEY, {"b_key_id": key_id, "b_when": now})
-    m_req = m_tok = p_req = p_tok = 0
-    oldest = None
-    rate = limits.rpm is not None or limits.tpm is not None
-    window = {"b_key_id": key_id, "b_since": now - RATE_WINDOW_S}
-    budget = (
-        {"b_key_id": key_id, "b_period": counter[0], "b_start": counter[1]} if counter is not None else None
-    )
-    # The rows of the last minute (as many as the rate allows, whatever the key's history) and one counter row
-    # (summing the period's rows grew with history): one round trip when the key has both limits.
-    if rate and budget is not None:
-        m_req, m_tok, oldest, p_req, p_tok = conn.execute(_WINDOW_AND_COUNTER, {**window, **budget}).one()
-    elif rate:
-        m_req, m_tok, oldest = conn.execute(_WINDOW, window).one()
-    elif budget is not None:
-        found = conn.execute(READ_COUNTER, budget).first()
-        if found is not None:
-            p_req, p_tok = found
-    used = Consumption(int(m_req), int(m_tok), oldest, int(p_req or 0), int(p_tok or 0))
+    p_req = p_tok = 0
+    window = {"b_key_id": key_id, "b_since": rate_since(now)}
+    # At most RATE_SLOTS rate buckets and one counter row, whatever the key's history or rate: one round trip.
+    if counter is not None:
+        budget = {"b_period": counter[0], "b_start": counter[1]}
+        m_req, m_tok, oldest, p_req, p_tok = conn.execute(_RATE_AND_COUNTER, {**window, **budget}).one()
+    else:
+        m_req, m_tok, oldest = conn.execute(READ_RATE, window).one()
+    used = window_consumption(int(m_req), int(m_tok), oldest, (int(p_req or 0), int(p_tok or 0)))
     refusal = check(limits, used, now)
     if refusal is not None:
         raise _Refused(refusal)
     conn.execute(insert(UsageRow), row)
+    second = rate_second(now)
+    delta = {"b_key_id": key_id, "b_requests": 1, "b_tokens": row["input_tokens"]}
+    conn.execute(UPSERT_RATE[conn.dialect.name], {**delta, "b_slot": rate_slot(second), "b_second": second})
     if counter is not None:
         conn.execute(
-            UPSERT_COUNTER[conn.dialect.name],
-            {
-                "b_key_id": key_id,
-                "b_period": counter[0],
-                "b_start": counter[1],
-                "b_requests": 1,
-                "b_tokens": row["input_tokens"],
-            },
+            UPSERT_COUNTER[conn.dialect.name], {**delta, "b_period": counter[0], "b_start": counter[1]}
         )
     return used
+
+
+def _admit_call(
+    key_id: str, limits: Limits, counter: tuple[str, float] | None, row: dict[str, Any], now: float
+) -> dict[str, Any]:
+    """The parameters of `otela_admit` (PostgreSQL) for the same admission as `_admit_transaction`."""
+    second = rate_second(now)
+    period, start = counter if counter is not None else (None, None)
+    return prefixed(
+        {
+            "key": key_id,
+            "now": now,
+            "second": second,
+            "slot": rate_slot(second),
+            "since": rate_since(now),
+            "period": period,
+            "start": start,
+            "rpm": limits.rpm,
+            "tpm": limits.tpm,
+            "budget_requests": limits.budget_requests,
+            "budget_tokens": limits.budget_tokens,
+            **{k: row[k] for k in ("id", "request_id", "instance", "endpoint", "model", "stream", "day")},
+            "input_tokens": row["input_tokens"],
+            "sampling": None if row["sampling"] is None else json.dumps(row["sampling"]),
+        }
+    )
 
 
 class UsageLedger:
@@ -203,6 +222,8 @@ class UsageLedger:
 
     def __init__(self, db: Database, instance: str, *, in_memory: bool = False) -> None:
         self.db, self.instance = db, instance
+        self.clock: Callable[[], float] = time.time
+        """Wall-clock time of admissions and completions (tests replay request times through it)."""
         self.writer = UsageWriter(db)
         self.local = LocalAdmission(db) if in_memory else None
 
@@ -247,20 +268,28 @@ class UsageLedger:
         }
         if self.local is not None:
             return await self._admit_in_memory(self.local, key, row, input_estimate)
-        now = time.time()
+        now = self.clock()
         row_id = uuid.uuid4().hex
         counter = (key.budget_period, period_start(key.budget_period, now)) if has_budget(key) else None
-        try:
-            used = await self.writer.transaction(
-                _admit_transaction,
-                key.id,
-                limits_of(key),
-                counter,
-                {"id": row_id, "started_at": now, "day": utc_day(now), **row},
-                now,
+        limits = limits_of(key)
+        full_row = {"id": row_id, "started_at": now, "day": utc_day(now), **row}
+        if self.db.dialect == "postgresql":
+            (answer,) = await self.writer.call(
+                ADMIT_CALL, _admit_call(key.id, limits, counter, full_row, now)
             )
-        except _Refused as refused:
-            raise refusal_error(refused.refusal, now) from None
+            admitted, m_req, m_tok, oldest, p_req, p_tok = tuple(answer)
+            used = window_consumption(m_req, m_tok, oldest, (p_req, p_tok))
+            if not admitted:
+                refusal = check(limits, used, now)
+                assert refusal is not None, f"otela_admit refused what check() admits: {used}, {limits}"
+                raise refusal_error(refusal, now)
+        else:
+            try:
+                used = await self.writer.transaction(
+                    _admit_transaction, key.id, limits, counter, full_row, now
+                )
+            except _Refused as refused:
+                raise refusal_error(refused.refusal, now) from None
         return Admission(
             row_id,
             request_id,
@@ -277,11 +306,11 @@ class UsageLedger:
         self, local: LocalAdmission, key: ApiKey, row: dict[str, Any], input_estimate: int
     ) -> Admission:
         budget = (
-            (key.budget_period, period_start(key.budget_period, time.time())) if has_budget(key) else None
+            (key.budget_period, period_start(key.budget_period, self.clock())) if has_budget(key) else None
         )
-        usage = await local.usage_of(key.id, budget, time.time())
+        usage = await local.usage_of(key.id, budget, self.clock())
         # From here to the reservation nothing awaits: this is what serializes admissions of the key.
-        now = time.time()
+        now = self.clock()
         usage.expire(now)
         used = usage.consumption(budget)
         refusal = check(limits_of(key), used, now)
@@ -307,6 +336,7 @@ class UsageLedger:
                 {"id": admission.row_id, "started_at": now, "day": utc_day(now), **row},
                 counter=admission.counter_key(),
                 delta=(1, input_estimate),
+                rate=admission.rate_key(),
             )
         )
 
@@ -345,6 +375,7 @@ class UsageLedger:
                 CHECKPOINT,
                 counter=admission.counter_key(),
                 delta=(0, delta),
+                rate=admission.rate_key(),
             )
             if await self.writer.submit(change):
                 admission.counted_tokens = tokens
@@ -357,7 +388,7 @@ class UsageLedger:
             await self._complete(admission, outcome)
 
     async def _complete(self, admission: Admission, outcome: Outcome) -> None:
-        now = time.time()
+        now = self.clock()
         tokens = outcome.input_tokens + outcome.output_tokens
         delta = tokens - admission.counted_tokens
         change = RowChange(
@@ -378,6 +409,7 @@ class UsageLedger:
             COMPLETE,
             counter=admission.counter_key(),
             delta=(0, delta),
+            rate=admission.rate_key(),
         )
         done = self.writer.submit(change)
         await self.recorded(admission)
@@ -409,9 +441,12 @@ class UsageLedger:
         return count
 
     async def rebuild_counters(self) -> int:
-        """Recompute every budget counter from the usage rows (they are the truth); how many there are."""
+        """Recompute every budget counter and rate bucket from the usage rows (they are the truth); how many
+        budget counters there are."""
         async with self.db.engine.begin() as conn:
-            return await conn.run_sync(rebuild_counters_sync)
+            budgets = await conn.run_sync(rebuild_counters_sync)
+            await conn.run_sync(rebuild_rate_sync, time.time())
+            return budgets
 
     async def rows(
         self, *, key_id: str | None = None, since: float | None = None, limit: int = 100
