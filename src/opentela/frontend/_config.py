@@ -64,6 +64,15 @@ class FrontendConfig:
             "for several replicas on one database) or `auto` (memory on SQLite, database on PostgreSQL)."
         },
     )
+    forward_early: bool = field(
+        default=True,
+        metadata={
+            "help": "With admission through the database, send a request on while its admission is decided, for "
+            "keys far from their limits: the database round trip overlaps the mesh instead of adding to it. Nothing "
+            "reaches the client before the admission; a request refused after all is cancelled, so an engine may "
+            "see it start (false: admit first, always)."
+        },
+    )
     key_cache_seconds: float = field(
         default=1.0,
         metadata={

@@ -3,14 +3,17 @@
 The guarantee: a usage row exists (status `pending`) before the first byte of an answer reaches the client, and it
 is completed before the last byte is handed over (the body of a non-streaming answer, the `[DONE]` event of a
 stream). A client that received a whole response therefore always has a completed row behind it; a frontend killed
-earlier leaves a pending row that the next start marks `interrupted`. With admission through the database the pending
-row is committed before the request is forwarded; with in-memory admission its commit runs while the request is
-forwarded, and the answer waits for it (it is long done by the time an engine answers).
+earlier leaves a pending row that the next start marks `interrupted`. With in-memory admission the pending row's
+commit runs while the request is forwarded, and the answer waits for it (it is long done by the time an engine
+answers). With admission through the database the row is committed by admission, which the request waits for; a
+key far from its limits is forwarded while that happens (`forward_early`), and a request refused after all is
+cancelled before anything of its answer is read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -49,6 +52,10 @@ class ForwardPlan:
     stream: bool
     client_wants_usage: bool
 
+    def encoded(self) -> bytes:
+        """The body as sent."""
+        return json.dumps(self.body).encode()
+
 
 def plan_forward(path: str, body: dict[str, Any], stream: bool, headers: dict[str, str]) -> ForwardPlan:
     """Ask a stream for its usage in the final chunk (stream_options.include_usage), remembering if the client did."""
@@ -76,11 +83,33 @@ async def _finish(ledger: UsageLedger, admission: Admission, outcome: Outcome) -
             raise
 
 
-async def forward(ingress: Ingress, ledger: UsageLedger, admission: Admission, plan: ForwardPlan) -> Response:
-    """Send the request on and meter it; errors before the response starts become OpenAI error JSON."""
-    raw = json.dumps(plan.body).encode()
+def forward_early(ingress: Ingress, plan: ForwardPlan) -> asyncio.Task[UpstreamResponse]:
+    """Start sending the request while its admission is still being decided (UsageLedger.may_forward_early): the
+    database round trip of admission then overlaps the mesh and the engine instead of adding to them. Nothing of the
+    answer reaches the client before the admission is decided and its row written."""
+    return asyncio.ensure_future(ingress.post(plan.path, plan.encoded(), plan.headers))
+
+
+async def abandon(early: asyncio.Task[UpstreamResponse]) -> None:
+    """Stop an early forward whose request was refused: cancel it (the mesh tells the engine to stop), or release
+    the answer that already came."""
+    if not early.done():
+        early.cancel()
+    with contextlib.suppress(BaseException):
+        (await early).release()
+
+
+async def forward(
+    ingress: Ingress,
+    ledger: UsageLedger,
+    admission: Admission,
+    plan: ForwardPlan,
+    early: asyncio.Task[UpstreamResponse] | None = None,
+) -> Response:
+    """Send the request on (or take over its early forward) and meter it; errors before the response starts become
+    OpenAI error JSON."""
     try:
-        resp = await ingress.post(plan.path, raw, plan.headers)
+        resp = await (early if early is not None else ingress.post(plan.path, plan.encoded(), plan.headers))
     except OpenTelaError as err:
         await _finish(
             ledger,

@@ -160,7 +160,7 @@ class Frontend:
         lock: AdmissionLock | None = None
         try:
             in_memory, lock = _admission_mode(config.admission, db)
-            ledger = UsageLedger(db, instance, in_memory=in_memory)
+            ledger = UsageLedger(db, instance, in_memory=in_memory, forward_early=config.forward_early)
             await ledger.reconcile(config.stale_pending_after)
         except BaseException:
             if lock is not None:

@@ -128,6 +128,13 @@ def has_rate_limit(key: ApiKey) -> bool:
     return key.rpm_limit is not None or key.tpm_limit is not None
 
 
+EARLY_HEADROOM = 0.1
+"""A key is forwarded early (UsageLedger.may_forward_early) while its last admission here left at least this share
+of each of its limits."""
+
+EARLY_PAUSE_S = 5.0
+"""After a database error in admission, nothing is forwarded early for this long."""
+
 TOUCH_EVERY_S = 1.0
 """A key's last_used_at is written at most this often with in-memory admission."""
 
@@ -210,6 +217,17 @@ def _admit_call(
     )
 
 
+def _near_a_limit(limits: Limits, used: Consumption, input_estimate: int) -> bool:
+    """Whether a limit has less than EARLY_HEADROOM of it left once this request is counted."""
+    pairs = (
+        (limits.rpm, used.minute_requests + 1),
+        (limits.tpm, used.minute_tokens + input_estimate),
+        (limits.budget_requests, used.period_requests + 1),
+        (limits.budget_tokens, used.period_tokens + input_estimate),
+    )
+    return any(limit is not None and after > limit * (1 - EARLY_HEADROOM) for limit, after in pairs)
+
+
 class UsageLedger:
     """Reads and writes usage rows.
 
@@ -220,12 +238,18 @@ class UsageLedger:
     way checkpoints and completions go through one group-commit writer (frontend/group_commit.py).
     """
 
-    def __init__(self, db: Database, instance: str, *, in_memory: bool = False) -> None:
+    def __init__(
+        self, db: Database, instance: str, *, in_memory: bool = False, forward_early: bool = True
+    ) -> None:
         self.db, self.instance = db, instance
         self.clock: Callable[[], float] = time.time
         """Wall-clock time of admissions and completions (tests replay request times through it)."""
         self.writer = UsageWriter(db)
         self.local = LocalAdmission(db) if in_memory else None
+        self._tight: set[str] = set()
+        """Keys whose last admission here was refused or left less than EARLY_HEADROOM of a limit."""
+        self.forward_early = forward_early
+        self._early_paused_until = 0.0
 
     def __repr__(self) -> str:
         mode = "in memory" if self.local is not None else "through the database"
@@ -234,6 +258,29 @@ class UsageLedger:
     async def aclose(self) -> None:
         """Commit what is queued and release the writer."""
         await self.writer.aclose()
+
+    def may_forward_early(self, key: ApiKey, input_estimate: int) -> bool:
+        """Whether to forward a request of `key` while its admission is decided through the database.
+
+        Admission through the database costs a round trip that would otherwise come before the mesh and the
+        engine. A request refused after all has its early forward cancelled, which costs an engine a started
+        request: so only keys far from their limits go early, as their last admission here found them (a key not
+        seen yet: whether this request alone would come near a limit). In-memory admission decides at once and
+        never needs it.
+        """
+        return (
+            self.forward_early
+            and self.local is None
+            and key.id not in self._tight
+            and not _near_a_limit(limits_of(key), Consumption(), input_estimate)
+            and time.monotonic() >= self._early_paused_until
+        )
+
+    def _note_headroom(self, key: ApiKey, used: Consumption | None, input_estimate: int) -> None:
+        if used is None or _near_a_limit(limits_of(key), used, input_estimate):
+            self._tight.add(key.id)
+        else:
+            self._tight.discard(key.id)
 
     async def admit(
         self,
@@ -273,23 +320,16 @@ class UsageLedger:
         counter = (key.budget_period, period_start(key.budget_period, now)) if has_budget(key) else None
         limits = limits_of(key)
         full_row = {"id": row_id, "started_at": now, "day": utc_day(now), **row}
-        if self.db.dialect == "postgresql":
-            (answer,) = await self.writer.call(
-                ADMIT_CALL, _admit_call(key.id, limits, counter, full_row, now)
-            )
-            admitted, m_req, m_tok, oldest, p_req, p_tok = tuple(answer)
-            used = window_consumption(m_req, m_tok, oldest, (p_req, p_tok))
-            if not admitted:
-                refusal = check(limits, used, now)
-                assert refusal is not None, f"otela_admit refused what check() admits: {used}, {limits}"
-                raise refusal_error(refusal, now)
-        else:
-            try:
-                used = await self.writer.transaction(
-                    _admit_transaction, key.id, limits, counter, full_row, now
-                )
-            except _Refused as refused:
-                raise refusal_error(refused.refusal, now) from None
+        try:
+            used = await self._admit_through_database(key, limits, counter, full_row, now)
+        except _Refused as refused:
+            self._note_headroom(key, None, input_estimate)
+            raise refusal_error(refused.refusal, now) from None
+        except Exception:
+            # The database is failing: forward nothing early for a while (it would only be cancelled).
+            self._early_paused_until = time.monotonic() + EARLY_PAUSE_S
+            raise
+        self._note_headroom(key, used, input_estimate)
         return Admission(
             row_id,
             request_id,
@@ -301,6 +341,21 @@ class UsageLedger:
             counter,
             input_estimate,
         )
+
+    async def _admit_through_database(
+        self, key: ApiKey, limits: Limits, counter: tuple[str, float] | None, row: dict[str, Any], now: float
+    ) -> Consumption:
+        """What the key used before this request, its pending row committed; raises _Refused."""
+        if self.db.dialect != "postgresql":
+            return await self.writer.transaction(_admit_transaction, key.id, limits, counter, row, now)
+        (answer,) = await self.writer.call(ADMIT_CALL, _admit_call(key.id, limits, counter, row, now))
+        admitted, m_req, m_tok, oldest, p_req, p_tok = tuple(answer)
+        used = window_consumption(m_req, m_tok, oldest, (p_req, p_tok))
+        if not admitted:
+            refusal = check(limits, used, now)
+            assert refusal is not None, f"otela_admit refused what check() admits: {used}, {limits}"
+            raise _Refused(refusal)
+        return used
 
     async def _admit_in_memory(
         self, local: LocalAdmission, key: ApiKey, row: dict[str, Any], input_estimate: int

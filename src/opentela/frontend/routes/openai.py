@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from opentela.errors import InvalidRequestError, RequestTooLargeError
 from opentela.frontend.errors import ModelNotAllowedError
 from opentela.frontend.keys import key_info
-from opentela.frontend.metering import forward, plan_forward
+from opentela.frontend.metering import abandon, forward, forward_early, plan_forward
 from opentela.frontend.schema import ApiKey
 from opentela.frontend.state import FrontendState, bearer_token, state_of
 from opentela.frontend.token_counts import sampling_params
@@ -121,19 +121,25 @@ async def _inference(request: Request) -> Response:
     trust = trusted_providers(key, request.headers.get(TRUST_HEADER))
     if trust is not None:
         headers[TRUST_HEADER] = ",".join(trust)
-    admission = await st.ledger.admit(
-        key,
-        request_id=request_id,
-        endpoint=path,
-        model=model,
-        stream=stream,
-        input_estimate=estimate_input_tokens(body),
-        sampling=sampling_params(body) if key.log_content else None,
-    )
+    plan = plan_forward(path, body, stream, headers)
+    estimate = estimate_input_tokens(body)
+    early = forward_early(st.ingress, plan) if st.ledger.may_forward_early(key, estimate) else None
+    try:
+        admission = await st.ledger.admit(
+            key,
+            request_id=request_id,
+            endpoint=path,
+            model=model,
+            stream=stream,
+            input_estimate=estimate,
+            sampling=sampling_params(body) if key.log_content else None,
+        )
+    except BaseException:
+        if early is not None:
+            await abandon(early)
+        raise
     logger.info("request %s key %s model %s admitted as row %s", request_id, key.id, model, admission.row_id)
-    response = await unless_client_leaves(
-        request, forward(st.ingress, st.ledger, admission, plan_forward(path, body, stream, headers))
-    )
+    response = await unless_client_leaves(request, forward(st.ingress, st.ledger, admission, plan, early))
     if response is None:
         logger.info("request %s: the client went away before the answer; the ingress was told", request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
