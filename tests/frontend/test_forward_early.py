@@ -64,7 +64,9 @@ async def test_a_request_refused_after_its_early_forward_is_cancelled_and_unmete
     a = await start_frontend(ingress, url)
     b = await start_frontend(ingress, url)
     try:
-        _, secret = await a.state.keys.create(KeySettings(name="ten", budget_requests=10, budget_period="day"))
+        _, secret = await a.state.keys.create(
+            KeySettings(name="ten", budget_requests=10, budget_period="day")
+        )
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as http:
             for _ in range(10):  # the whole budget, through replica a
                 async with http.post(a.url + "/v1/chat/completions", json=QUICK) as r:
@@ -97,7 +99,9 @@ async def test_without_early_forwarding_a_refused_request_reaches_nothing(
     a = await start_frontend(ingress, url)
     b = await start_frontend(ingress, url, forward_early=False)
     try:
-        _, secret = await a.state.keys.create(KeySettings(name="ten", budget_requests=10, budget_period="day"))
+        _, secret = await a.state.keys.create(
+            KeySettings(name="ten", budget_requests=10, budget_period="day")
+        )
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {secret}"}) as http:
             for _ in range(10):
                 async with http.post(a.url + "/v1/chat/completions", json=QUICK) as r:
