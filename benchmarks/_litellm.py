@@ -33,6 +33,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".bench-venv"
 LITELLM = VENV / "bin" / "litellm"
+# The release the published figures were measured against. Pinned because releases change the proxy's start-up
+# path (1.108 takes a PostgreSQL advisory lock around its migrations that the wasm schema engine below never gets).
+LITELLM_RELEASE = "1.106.2"
 
 # What LiteLLM's database layer needs besides litellm[proxy]: Prisma Client Python at the version LiteLLM's own
 # image pins, psycopg for litellm-proxy-extras' migration checks, and Node.js (PyPI's build) for the Prisma CLI.
@@ -59,13 +62,15 @@ ENGINE_NPM_PACKAGES = {
 
 
 def ensure_litellm() -> Path:
-    """Install litellm[proxy] from PyPI into .bench-venv on first use; returns the `litellm` executable."""
-    if LITELLM.exists():
+    """Install litellm[proxy] at LITELLM_RELEASE into .bench-venv on first use; returns the `litellm` executable."""
+    if LITELLM.exists() and litellm_version() == LITELLM_RELEASE:
         return LITELLM
-    print("installing litellm[proxy] into .bench-venv (first run only)...", file=sys.stderr)
+    print(
+        f"installing litellm[proxy]=={LITELLM_RELEASE} into .bench-venv (first run only)...", file=sys.stderr
+    )
     if not (VENV / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    _bench_pip("litellm[proxy]")
+    _bench_pip(f"litellm[proxy]=={LITELLM_RELEASE}")
     return LITELLM
 
 
@@ -153,7 +158,8 @@ def ensure_litellm_db() -> dict[str, str]:
     ensure_litellm()
     env = {**os.environ, **litellm_db_env()}
     marker = ENGINES / "installed.json"
-    wanted = {"pip": list(DB_PIP_PACKAGES), "npm": ENGINE_NPM_PACKAGES}
+    # The client is generated from the installed LiteLLM's schema, so a different release regenerates it.
+    wanted = {"litellm": LITELLM_RELEASE, "pip": list(DB_PIP_PACKAGES), "npm": ENGINE_NPM_PACKAGES}
     installed = marker.exists() and json.loads(marker.read_text()) == wanted
     if not installed:
         print("installing LiteLLM's database layer into .bench-venv (first run only)...", file=sys.stderr)
@@ -227,7 +233,9 @@ async def _proxy(config: str, port: int, workdir: Path, env: dict[str, str]) -> 
         async with aiohttp.ClientSession() as http:
             while True:
                 if proc.returncode is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"litellm did not start; see {workdir / 'litellm.log'}")
+                    log.flush()
+                    tail = (workdir / "litellm.log").read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"litellm did not start; the end of its log:\n{tail}")
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(base + "/health/liveliness") as resp:
                         if resp.status == 200:

@@ -12,15 +12,21 @@ costs one row insert; the budget counter deltas of the batch are summed per coun
 is retried change by change, so one bad change cannot fail the others.
 
 On SQLite the transaction runs in one dedicated thread on a plain (synchronous) connection: one thread hop per batch,
-where the async driver would hop once per statement. On PostgreSQL it runs on the async engine, and a completion is
-one call of the `otela_complete` function (frontend/pg_calls.py): a batch of one completion, the common case when
-requests come one at a time, is one round trip instead of five.
+where the async driver would hop once per statement. That connection never checkpoints the write-ahead log itself:
+SQLite's automatic checkpoint runs inside the commit that crosses its threshold (about every 250 requests here) and
+stalled that commit, and every request waiting on it, by 4-5 ms. A second thread runs a passive checkpoint instead,
+after WAL_CHECKPOINT_COMMITS commits or a second with any, alongside the writer, which it does not block.
+
+On PostgreSQL the transaction runs on the async engine, and a completion is one call of the `otela_complete`
+function (frontend/pg_calls.py): a batch of one completion, the common case when requests come one at a time, is one
+round trip instead of five.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Container
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +56,15 @@ from opentela.frontend.schema import ApiKey, UsageRow
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+WAL_CHECKPOINT_COMMITS = 64
+"""On SQLite, commits after which the background thread checkpoints the write-ahead log (see the module's docstring)."""
+WAL_CHECKPOINT_EVERY_S = 1.0
+"""... or seconds, when fewer commits came in that time."""
+WAL_RESTART_FRAMES = 2048
+"""Pages in the log past which a checkpoint also restarts it. The log starts over at the first commit that finds it
+wholly copied; a commit that comes in while the passive checkpoint runs (under sustained load, nearly all) finds new
+pages and appends, so the log would grow without bound. A restarting checkpoint briefly holds commits back while it
+copies the pages the passive one left (few) and waits for readers, once per this many pages (8 MiB)."""
 CounterKey = tuple[str, str, float]
 """(key id, budget period, period start) of one budget counter."""
 
@@ -136,6 +151,10 @@ class UsageWriter:
         """Rows whose insert failed, and why: their later changes fail the same way instead of applying."""
         self._sync_engine: Engine | None = None
         self._thread: ThreadPoolExecutor | None = None
+        self._wal_thread: ThreadPoolExecutor | None = None
+        self._wal_checkpoint: asyncio.Future[None] | None = None
+        self._wal_checkpointed = (0, 0.0)
+        """(commits, monotonic time) at the last WAL checkpoint."""
         self._autocommit: AsyncEngine | None = None
         self.commits = 0
         """Transactions committed (each may hold the changes of many requests)."""
@@ -145,7 +164,9 @@ class UsageWriter:
         if db.dialect == "sqlite" and url.database not in (None, "", ":memory:"):
             self._sync_engine = create_engine(url.set(drivername="sqlite"))
             event.listen(self._sync_engine, "connect", sqlite_pragmas)
+            event.listen(self._sync_engine, "connect", _no_autocheckpoint)
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="usage-writer")
+            self._wal_thread = ThreadPoolExecutor(1, thread_name_prefix="wal-checkpoint")
         elif db.dialect == "postgresql":
             self._autocommit = db.engine.execution_options(isolation_level="AUTOCOMMIT")
 
@@ -171,6 +192,11 @@ class UsageWriter:
     async def aclose(self) -> None:
         """Flush, then release the writer's own connection and thread."""
         await self.flush()
+        if self._wal_checkpoint is not None:
+            await asyncio.gather(self._wal_checkpoint, return_exceptions=True)
+        if self._wal_thread is not None:
+            self._wal_thread.shutdown(wait=True)
+            self._wal_thread = None
         if self._thread is not None:
             self._thread.shutdown(wait=True)
             self._thread = None
@@ -217,6 +243,20 @@ class UsageWriter:
             self.commits += 1
             self.changes += len(batch)
             _resolve(batch, applied)
+        self._maybe_checkpoint_wal()
+
+    def _maybe_checkpoint_wal(self) -> None:
+        if self._wal_thread is None or self._sync_engine is None:
+            return
+        if self._wal_checkpoint is not None and not self._wal_checkpoint.done():
+            return
+        commits, at = self._wal_checkpointed
+        now = time.monotonic()
+        since = self.commits - commits
+        if since >= WAL_CHECKPOINT_COMMITS or (since and now - at >= WAL_CHECKPOINT_EVERY_S):
+            self._wal_checkpointed = (self.commits, now)
+            loop = asyncio.get_running_loop()
+            self._wal_checkpoint = loop.run_in_executor(self._wal_thread, _checkpoint_wal, self._sync_engine)
 
     def _drop_lost(self, batch: list[RowChange]) -> list[RowChange]:
         kept = []
@@ -277,6 +317,22 @@ class UsageWriter:
             return await asyncio.get_running_loop().run_in_executor(self._thread, in_thread)
         async with self.db.engine.begin() as conn:
             return cast(T, await conn.run_sync(fn, *args))
+
+
+def _no_autocheckpoint(dbapi_conn: Any, _record: Any) -> None:
+    dbapi_conn.execute("PRAGMA wal_autocheckpoint=0")
+
+
+def _checkpoint_wal(engine: Engine) -> None:
+    """Copy what the write-ahead log holds into the database file, without waiting for readers or writers; when
+    the log has grown past WAL_RESTART_FRAMES all the same, make the next commit start it over (see there)."""
+    try:
+        with engine.connect() as conn:
+            _busy, frames, _done = conn.exec_driver_sql("PRAGMA wal_checkpoint(PASSIVE)").one()
+            if frames > WAL_RESTART_FRAMES:
+                conn.exec_driver_sql("PRAGMA wal_checkpoint(RESTART)")
+    except Exception as exc:  # the next one retries; until then the log only grows
+        logger.warning("WAL checkpoint failed: %s", exc)
 
 
 def _completion_call(change: RowChange) -> dict[str, Any]:
