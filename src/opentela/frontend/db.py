@@ -14,6 +14,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from opentela.errors import ConfigError
+from opentela.frontend.pg_calls import PostgresCalls
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.sessions = async_sessionmaker(engine, expire_on_commit=False)
+        self.postgres = PostgresCalls(engine) if engine.dialect.name == "postgresql" else None
+        """On PostgreSQL, the hot path's calls (frontend/pg_calls.py), on connections of their own."""
 
     def __repr__(self) -> str:
         return f"<Database {self.engine.url.render_as_string(hide_password=True)}>"
@@ -158,4 +161,6 @@ class Database:
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
+        if self.postgres is not None:
+            await self.postgres.aclose()
         await self.engine.dispose()

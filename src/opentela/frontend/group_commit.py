@@ -33,11 +33,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from asyncpg import Record
 from sqlalchemy import (
     CursorResult,
     Engine,
-    Executable,
-    Row,
     bindparam,
     create_engine,
     event,
@@ -46,11 +45,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from opentela.frontend.counters import ADD_RATE_TOKENS, RateKey, counter_upsert, rate_slot, rate_upsert
 from opentela.frontend.db import Database, sqlite_pragmas
-from opentela.frontend.pg_calls import COMPLETE_CALL, prefixed
+from opentela.frontend.pg_calls import COMPLETE_CALL, Call, PostgresCalls, prefixed
 from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
@@ -155,7 +153,7 @@ class UsageWriter:
         self._wal_checkpoint: asyncio.Future[None] | None = None
         self._wal_checkpointed = (0, 0.0)
         """(commits, monotonic time) at the last WAL checkpoint."""
-        self._autocommit: AsyncEngine | None = None
+        self._postgres: PostgresCalls | None = None
         self.commits = 0
         """Transactions committed (each may hold the changes of many requests)."""
         self.changes = 0
@@ -168,7 +166,7 @@ class UsageWriter:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="usage-writer")
             self._wal_thread = ThreadPoolExecutor(1, thread_name_prefix="wal-checkpoint")
         elif db.dialect == "postgresql":
-            self._autocommit = db.engine.execution_options(isolation_level="AUTOCOMMIT")
+            self._postgres = db.postgres
 
     def __repr__(self) -> str:
         return f"<UsageWriter queued={len(self._queue)} commits={self.commits} changes={self.changes}>"
@@ -217,7 +215,7 @@ class UsageWriter:
             if self._lost:
                 batch = self._drop_lost(batch)
             try:
-                if self._autocommit is not None and not touches and all(c.kind == COMPLETE for c in batch):
+                if self._postgres is not None and not touches and all(c.kind == COMPLETE for c in batch):
                     applied = await self._complete_pg(batch)
                 else:
                     applied = await self._run(_apply_batch, batch, touches)
@@ -281,23 +279,23 @@ class UsageWriter:
                 # Marked as seen: a caller that only enqueued learns of the failure through its own follow-up.
                 change.future.exception()
 
-    async def call(self, statement: Executable, params: dict[str, Any]) -> list[Row[Any]]:
-        """Run one statement in a transaction of its own, with no BEGIN or COMMIT round trip (PostgreSQL)."""
-        assert self._autocommit is not None, "only PostgreSQL runs single-statement calls"
-        async with self._autocommit.connect() as conn:
-            return list((await conn.execute(statement, params)).all())
+    async def call(self, call: Call, params: dict[str, Any]) -> Record:
+        """Run one function call in a transaction of its own, one round trip (PostgreSQL); its row."""
+        assert self._postgres is not None, "only PostgreSQL runs single calls"
+        return await self._postgres.one(call, params)
 
     async def _complete_pg(self, batch: list[RowChange]) -> list[bool]:
         # In key order, the lock order of every writer (migration 0003); results go back in the batch's order.
         calls = sorted(
             ((i, _completion_call(change)) for i, change in enumerate(batch)), key=lambda c: c[1]["p_key"]
         )
+        assert self._postgres is not None
         if len(calls) == 1:
-            return [bool((await self.call(COMPLETE_CALL, calls[0][1]))[0][0])]
+            return [bool((await self.call(COMPLETE_CALL, calls[0][1]))[0])]
         applied = [False] * len(calls)
-        async with self.db.engine.begin() as conn:
-            for i, call in calls:
-                applied[i] = bool((await conn.execute(COMPLETE_CALL, call)).scalar())
+        results = await self._postgres.each(COMPLETE_CALL, [call for _, call in calls])
+        for (i, _), result in zip(calls, results, strict=True):
+            applied[i] = bool(result)
         return applied
 
     async def transaction(self, fn: Callable[..., T], *args: Any) -> T:

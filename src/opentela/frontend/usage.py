@@ -348,7 +348,7 @@ class UsageLedger:
         """What the key used before this request, its pending row committed; raises _Refused."""
         if self.db.dialect != "postgresql":
             return await self.writer.transaction(_admit_transaction, key.id, limits, counter, row, now)
-        (answer,) = await self.writer.call(ADMIT_CALL, _admit_call(key.id, limits, counter, row, now))
+        answer = await self.writer.call(ADMIT_CALL, _admit_call(key.id, limits, counter, row, now))
         admitted, m_req, m_tok, oldest, p_req, p_tok = tuple(answer)
         used = window_consumption(m_req, m_tok, oldest, (p_req, p_tok))
         if not admitted:
