@@ -2,14 +2,16 @@
 ingress, against calling the ingress directly, for each database and amount of history; LiteLLM's proxy side by
 side when asked.
 
-Real processes on loopback. For each database (SQLite, PostgreSQL) and each number of usage rows already in the
-key's budget period (0, 100k, 1M by default), a fresh database gets one key with a token budget and a rate limit and
-those rows (with its counters rebuilt, as an upgrade would), then an ingress node runs with the frontend in the same
+Real processes on loopback. For each database (SQLite, PostgreSQL) and each number of usage rows already in the key's
+budget period (0, 100k, 1M by default), a fresh database gets one key with a token budget and a rate limit and those
+rows (with its counters rebuilt, as an upgrade would), then an ingress node runs with the frontend in the same
 process (`otela start --ingress --frontend`, the co-located mode) next to one worker whose simulated engine answers
-with a fixed latency. Every measurement interleaves frontend and ingress requests so both see the same load:
-sequential (one at a time, alternating), then open-loop Poisson arrivals at each rate, each arrival sending one
-request on every path. `--litellm` adds LiteLLM's proxy measured alongside (see `run_litellm`); `--separate` adds
-the separate-process mode (`otela frontend` forwarding over HTTP) on SQLite without history.
+with a fixed latency; the meshes of one database run at once. Every measurement interleaves frontend and ingress
+requests so both see the same load: sequential (one at a time, alternating, in blocks of ten rounds per mesh taken
+mesh after mesh, so the amounts of history are compared under the same load too), then open-loop Poisson arrivals at
+each rate, mesh by mesh, each arrival sending one request on the mesh's frontend and on its ingress. `--litellm` adds
+LiteLLM's proxy measured alongside (see `run_litellm`); `--separate` adds the separate-process mode (`otela frontend`
+forwarding over HTTP) on SQLite without history.
 
 Prints JSON and writes docs/benchmarks/frontend_overhead.{json,md}.
 
@@ -48,6 +50,8 @@ sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests"), str(ROOT / "tests
 from overhead import MODEL, Path_, closed_loop, open_loop_paths, summarize  # noqa: E402
 
 BUDGET_PERIOD = "month"
+SEQUENTIAL_BLOCK = 10
+"""Sequential rounds (one frontend and one ingress request) a mesh gets before the next mesh's turn."""
 
 
 def engine_argv(port: int | None = None) -> list[str]:
@@ -203,25 +207,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("starting PostgreSQL...", file=sys.stderr)
             pg = stack.enter_context(postgres_server())
         for database in args.databases:
-            for rows in args.rows:
-                name = f"bench_{rows}"
-                url = f"sqlite:///{tmp}/{name}.db" if database == "sqlite" else pg.create_database(name)
-                print(f"{database}, {rows:,} rows of history: preparing...", file=sys.stderr)
-                t0 = time.perf_counter()
-                secret = await prepare_database(url, rows)
-                prepared = time.perf_counter() - t0
-                print(f"  prepared in {prepared:.1f} s; measuring...", file=sys.stderr)
-                async with colocated(Path(tmp) / f"{database}-{rows}", url) as (front, ingress):
-                    async with aiohttp.ClientSession() as http:
-                        via = Path_(
-                            "frontend", front + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
-                        )
-                        direct = Path_("ingress", ingress + "/v1/chat/completions")
-                        for res in await measure(http, via, direct, args):
-                            results.append(
-                                {"mode": "co-located", "database": database, "history_rows": rows, **res}
-                            )
-                            print(f"  {_line(results[-1])}", file=sys.stderr)
+            results += await measure_histories(args, database, Path(tmp), pg)
         if args.separate:
             url = f"sqlite:///{tmp}/separate.db"
             secret = await prepare_database(url, 0)
@@ -238,6 +224,58 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.litellm:
             litellm = await run_litellm(args, Path(tmp), pg)
     return {"results": results, "litellm": litellm}
+
+
+async def measure_histories(
+    args: argparse.Namespace, database: str, tmp: Path, pg: Any
+) -> list[dict[str, Any]]:
+    """One co-located mesh per amount of history, all running at once: the sequential requests of every mesh are
+    interleaved (so history is compared under the same load, as the frontend is with its ingress), then each mesh
+    in turn at each open-loop rate."""
+    out: list[dict[str, Any]] = []
+    async with contextlib.AsyncExitStack() as stack:
+        meshes: list[tuple[int, Path_, Path_]] = []
+        for rows in args.rows:
+            name = f"bench_{rows}"
+            url = f"sqlite:///{tmp}/{name}.db" if database == "sqlite" else pg.create_database(name)
+            print(f"{database}, {rows:,} rows of history: preparing...", file=sys.stderr)
+            t0 = time.perf_counter()
+            secret = await prepare_database(url, rows)
+            print(f"  prepared in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+            front, ingress = await stack.enter_async_context(colocated(tmp / f"{database}-{rows}", url))
+            via = Path_(
+                f"frontend-{rows}", front + "/v1/chat/completions", {"Authorization": f"Bearer {secret}"}
+            )
+            meshes.append((rows, via, Path_(f"ingress-{rows}", ingress + "/v1/chat/completions")))
+        print(f"{database}: measuring...", file=sys.stderr)
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        for _, via, direct in meshes:
+            await closed_loop(http, [via, direct], 30)  # warm-up
+        load = round(os.getloadavg()[0], 2)
+        seq: dict[str, list[float]] = {path.name: [] for _, via, direct in meshes for path in (via, direct)}
+        # In blocks of SEQUENTIAL_BLOCK rounds per mesh, mesh after mesh: request by request, every request found
+        # the processes it needs cold (another mesh's ran last) and each added ~0.5 ms to either path.
+        for block in range(-(-args.requests // SEQUENTIAL_BLOCK)):
+            turn = meshes[block % len(meshes) :] + meshes[: block % len(meshes)]
+            for _, via, direct in turn:
+                n = min(SEQUENTIAL_BLOCK, args.requests - block * SEQUENTIAL_BLOCK)
+                lat = await closed_loop(http, [via, direct], n)
+                for path in (via, direct):
+                    seq[path.name] += lat[path.name][0]
+        by_rows: dict[int, list[dict[str, Any]]] = {}
+        for rows, via, direct in meshes:
+            res = summarize("frontend", seq[via.name], seq[direct.name], [])
+            by_rows[rows] = [{"load": "sequential", "loadavg_1m": load, **res}]
+        for rate in args.rates:
+            for rows, via, direct in meshes:
+                load = round(os.getloadavg()[0], 2)
+                (res,) = await open_loop_paths(http, [via], direct, rate, args.seconds)
+                by_rows[rows].append({"load": f"{rate:g} req/s", "loadavg_1m": load, **res})
+        for rows, _, _ in meshes:
+            for res in by_rows[rows]:
+                out.append({"mode": "co-located", "database": database, "history_rows": rows, **res})
+                print(f"  {_line(out[-1])}", file=sys.stderr)
+    return out
 
 
 async def run_litellm(args: argparse.Namespace, workdir: Path, pg: Any) -> dict[str, Any]:
@@ -323,6 +361,8 @@ def render_markdown(result: dict[str, Any]) -> str:
         "`benchmarks/frontend_overhead.py`: client -> frontend (key check, rate limit and token budget, usage row",
         "written and completed before the last byte) -> ingress -> worker -> engine, against calling the ingress",
         "directly. Real processes on loopback; frontend and ingress requests interleaved so both see the same load.",
+        "The meshes of one database (one per amount of history) run at once; their sequential requests go in blocks",
+        "of ten rounds per mesh, mesh after mesh, so the amounts of history are compared under the same load too.",
         "Co-located: `otela start --ingress --frontend` (one process; the frontend hands requests to the gateway",
         "in-process). Separate: `otela frontend` as its own process, forwarding over HTTP.",
         f"Engine: {result['engine']}. History: finished requests already in the key's budget period (counters",
