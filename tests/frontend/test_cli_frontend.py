@@ -12,8 +12,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from frontend_helpers import admit, counters, rates
+from sqlalchemy import text
 
 from opentela.cli.localmesh import OTELA, NodeProcess, free_port
+from opentela.frontend.db import Database
+from opentela.frontend.keys import KeySettings, KeyStore
+from opentela.frontend.usage import Outcome, UsageLedger
 
 pytestmark = pytest.mark.integration
 
@@ -152,3 +157,34 @@ async def test_ingress_with_frontend_in_one_process(tmp_path: Path) -> None:
     finally:
         await node.stop()
     assert node.exited() == 0
+
+
+async def test_keys_rebuild_counters_restores_them_from_the_rows(tmp_path: Path) -> None:
+    """Counters wiped or wrong (a restore from backup, a hand edit): the command makes them the rows' sums again."""
+    db_url = f"sqlite:///{tmp_path / 'keys.db'}"
+    db = await Database.open(db_url)
+    try:
+        key, _ = await KeyStore(db).create(KeySettings(name="k", budget_tokens=10**6, rpm_limit=1000))
+        ledger = UsageLedger(db, "t")
+        for i in range(5):
+            admission = await admit(ledger, key)
+            await ledger.complete(admission, Outcome("ok", 200, input_tokens=10, output_tokens=i))
+        await ledger.aclose()
+        async with db.engine.begin() as conn:
+            await conn.execute(text("UPDATE usage_counters SET requests = 0, tokens = 7"))
+            await conn.execute(text("DELETE FROM usage_rate"))
+        stored, truth = await counters(db)
+        assert stored != truth and sum(r for r, _ in truth.values()) == 5
+        assert (await rates(db))[0] != (await rates(db))[1]
+        out = await otela_async("keys", "--db", db_url, "--json", "rebuild-counters")
+        assert json.loads(out) == {"budget_counters": 1}
+        stored, truth = await counters(db)
+        assert stored == truth
+        stored_rates, true_rates = await rates(db)
+        assert stored_rates == true_rates and sum(r for r, _ in stored_rates.values()) == 5
+        refused = await otela_async(
+            "keys", "--frontend", "http://127.0.0.1:9", "--admin-token", "t", "rebuild-counters", expect=2
+        )
+        assert "use --db" in refused
+    finally:
+        await db.aclose()

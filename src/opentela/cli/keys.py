@@ -58,6 +58,11 @@ def add_arguments(keys: argparse.ArgumentParser) -> None:
     usage.add_argument("--key", help="only this key (id or prefix)")
     export = sub.add_parser("export", help="the anonymized trace as CSV on stdout")
     export.add_argument("--since", type=float, metavar="UNIX_TIME")
+    sub.add_parser(
+        "rebuild-counters",
+        help="recompute every budget counter and rate bucket from the usage rows (database only; safe while "
+        "frontends run)",
+    )
 
 
 class _DatabaseKeys:
@@ -249,4 +254,11 @@ async def _act(args: argparse.Namespace, keys: _DatabaseKeys | _FrontendKeys) ->
     elif args.keys_cmd == "export":
         async for part in keys.export(args.since):
             sys.stdout.write(part)
+    elif args.keys_cmd == "rebuild-counters":
+        if not isinstance(keys, _DatabaseKeys):
+            raise ConfigError("rebuild-counters works on the database: use --db instead of --frontend")
+        counters = await keys.ledger.rebuild_counters()
+        print(
+            json.dumps({"budget_counters": counters}) if args.json else f"rebuilt {counters} budget counters"
+        )
     return 0
