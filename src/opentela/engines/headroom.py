@@ -1,0 +1,165 @@
+"""Request headroom and shadow validation, as LLM-Mesh defines them (its sections 5.1 and 5.3).
+
+A request that started at ST, has produced O tokens and is held to TTFT and TPOT SLOs may wait until
+ST + TTFT_SLO + TPOT_SLO * O before its next token is late; at time CT its headroom is that minus CT (Eq. 1). The
+instances sharing one node take turns, one iteration each, and the next turn goes to the instance holding the request
+with the least headroom.
+
+Before a request joins an instance, the node's next iterations are simulated with it added (every iteration
+overestimated by 10 %, for runtime noise and growing contexts); the request is refused if (1) its own prefill would
+finish after its TTFT deadline, (2) a request already running would miss its next token, or (3) one decode round over
+all instances on the node would then take longer than the tightest TPOT SLO among them. The same code decides in the
+gateway's `slo_headroom` policy, in the simulator and in the simulated engine's token-level scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from opentela.engines.profile import PerformanceProfile
+
+OVERESTIMATE = 0.10
+"""Every iteration is taken as this much longer in a shadow validation (LLM-Mesh section 5.3)."""
+DECODE_TOKENS_CHECKED = 2
+"""Decode tokens of the new request simulated after its prefill (LLM-Mesh's Figure 6 follows two)."""
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Time to first token and time per output token allowed, in seconds."""
+
+    ttft_s: float
+    tpot_s: float
+
+    @classmethod
+    def llm_mesh(cls, input_tokens: int) -> Slo:
+        """The SLOs of LLM-Mesh's evaluation: TTFT max(2, L/512) s, TPOT 0.25 s."""
+        return cls(max(2.0, input_tokens / 512), 0.25)
+
+
+@dataclass
+class RequestState:
+    """One request on an instance: when it started, its SLOs, its prompt and what it produced so far."""
+
+    start: float
+    slo: Slo
+    input_tokens: int
+    output_tokens: int = 0
+    """Tokens produced; 0 means the prefill has not run yet."""
+
+    def headroom(self, now: float) -> float:
+        """How long its next token may still take (Eq. 1); negative once it is late."""
+        return self.start + self.slo.ttft_s + self.slo.tpot_s * self.output_tokens - now
+
+    @property
+    def context(self) -> int:
+        """Tokens of context the next iteration attends over."""
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass
+class InstanceLoad:
+    """One instance (a model's engine) on a node and the requests it is running."""
+
+    profile: PerformanceProfile
+    requests: list[RequestState] = field(default_factory=list)
+
+    def least_headroom(self, now: float) -> float:
+        """The headroom of its most urgent request (infinite when idle)."""
+        return min((r.headroom(now) for r in self.requests), default=float("inf"))
+
+    def next_iteration(self) -> tuple[float, list[RequestState]]:
+        """The time of its next iteration and the requests that get a token from it: a waiting prefill first (one
+        request at a time, oldest first), else one decode step of every running request."""
+        waiting = [r for r in self.requests if r.output_tokens == 0]
+        if waiting:
+            first = min(waiting, key=lambda r: r.start)
+            return self.profile.prefill_time(first.input_tokens), [first]
+        if not self.requests:
+            return 0.0, []
+        avg = sum(r.context for r in self.requests) / len(self.requests)
+        return self.profile.decode_time(len(self.requests), avg), list(self.requests)
+
+    def decode_round(self, extra: int = 0) -> float:
+        """One decode iteration with `extra` more requests (of average context) than it has."""
+        batch = len(self.requests) + extra
+        if batch == 0:
+            return 0.0
+        avg = sum(r.context for r in self.requests) / len(self.requests) if self.requests else 0.0
+        return self.profile.decode_time(batch, avg)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The outcome of a shadow validation: ok, or which case failed and for which request."""
+
+    ok: bool
+    case: str = ""
+    """"" when ok; else "ttft" (case 1), "delays_running" (case 2) or "node_tpot" (case 3)."""
+    detail: str = ""
+
+
+def pick_instance(instances: Sequence[InstanceLoad], now: float) -> int | None:
+    """The index of the instance whose turn it is: the one holding the request with the least headroom."""
+    busy = [(inst.least_headroom(now), i) for i, inst in enumerate(instances) if inst.requests]
+    return min(busy)[1] if busy else None
+
+
+def shadow_validate(
+    instances: Sequence[InstanceLoad],
+    target: int,
+    new: RequestState,
+    now: float,
+    overestimate: float = OVERESTIMATE,
+) -> Validation:
+    """Whether `new` may join `instances[target]` without an SLO violation (see the module's docstring)."""
+    factor = 1.0 + overestimate
+    # Case 3 first (no simulation needed): the decode round of the whole node with the new request in its batch.
+    slowest_allowed = min([new.slo.tpot_s, *(r.slo.tpot_s for inst in instances for r in inst.requests)])
+    round_s = factor * sum(
+        inst.decode_round(extra=1 if i == target else 0) for i, inst in enumerate(instances)
+    )
+    if round_s > slowest_allowed:
+        return Validation(
+            False, "node_tpot", f"a decode round would take {round_s:.3f} s > {slowest_allowed} s"
+        )
+    # Cases 1 and 2: play the node's next turns forward on copies, the new request added to its target. Requests
+    # already late before it came are not counted against it.
+    shadow = [InstanceLoad(inst.profile, [_copy(r) for r in inst.requests]) for inst in instances]
+    ghost = _copy(new)
+    shadow[target].requests.append(ghost)
+    watched = [ghost, *(r for inst in shadow for r in inst.requests if r is not ghost and r.headroom(now) >= 0)]
+    clock = now
+    goal = ghost.output_tokens + 1 + DECODE_TOKENS_CHECKED
+    for _ in range(MAX_TURNS):
+        if ghost.output_tokens >= goal:
+            return Validation(True)
+        turn = pick_instance(shadow, clock)
+        if turn is None:
+            break
+        seconds, served = shadow[turn].next_iteration()
+        clock += seconds * factor
+        for r in watched:
+            late = -r.headroom(clock)
+            if late > 0:
+                if r is not ghost:
+                    return Validation(
+                        False, "delays_running", f"a running request would be {late:.3f} s late"
+                    )
+                if r.output_tokens == 0:
+                    return Validation(
+                        False, "ttft", f"the new request's first token would be {late:.3f} s late"
+                    )
+                return Validation(False, "node_tpot", f"the new request's token would be {late:.3f} s late")
+        for r in served:
+            r.output_tokens += 1
+    return Validation(True)
+
+
+MAX_TURNS = 10_000
+"""A bound on the turns one validation plays (each turn gives a token to at least one request)."""
+
+
+def _copy(r: RequestState) -> RequestState:
+    return RequestState(r.start, r.slo, r.input_tokens, r.output_tokens)
