@@ -5,6 +5,8 @@ a serving node refuses further assignments."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +18,7 @@ import pytest
 from opentela._types import PROTO_CONTROL, Lifecycle
 from opentela.errors import StreamResetError
 from opentela.fabric.host import Host
+from opentela.fabric.http_tunnel import MODEL_HEADER, TunnelRequest, encode_request, read_response_head
 from opentela.fabric.identity import Identity
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.node._config import NodeConfig
@@ -102,3 +105,87 @@ async def test_an_ingress_takes_no_assignments(tmp_path: Path, controller_host: 
         with pytest.raises(StreamResetError) as failure:
             await send(controller_host, agent, {"op": "assign", "model": "m", "command": SIMULATED})
         assert "no handler for protocol" in str(failure.value)
+
+
+async def ask(agent: NodeAgent, model: str) -> dict[str, Any]:
+    """A chat request for `model` through the node's own tunnel handler, as an ingress would send it."""
+    assert agent.registry is not None
+    stream = await agent.mesh.open_http_stream(agent.registry.local, 10)
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    request = TunnelRequest("POST", "/v1/chat/completions", body.encode(), "r1", {MODEL_HEADER: model})
+    await stream.write(encode_request(request))
+    await stream.write_eof()
+    head = await asyncio.wait_for(read_response_head(stream), 30)
+    data = await asyncio.wait_for(stream.read(), 30)
+    assert head.status == 200, data
+    return json.loads(data)
+
+
+async def test_engines_share_a_node_within_its_memory_and_stop_one_by_one(
+    tmp_path: Path, controller_host: Host
+) -> None:
+    node = NodeConfig(
+        listen="127.0.0.1:0",
+        controllers=(controller_host.peer_id,),
+        reachability="public",
+        health_interval=0,
+        ready_timeout=60,
+        engine_memory_mib=3000,
+    )
+    async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
+        assert agent.registry is not None
+
+        def serving() -> set[str]:
+            return set(agent.registry.local.model_ids)
+
+        a = {"op": "assign", "model": "sim-a", "command": SIMULATED, "memory_mib": 2000, "profile": "p-a"}
+        assert (await send(controller_host, agent, a))["ok"]
+        await until(lambda: serving() == {"sim-a"}, 60, "sim-a serving")
+        too_big = {"op": "assign", "model": "sim-b", "command": SIMULATED, "memory_mib": 1001}
+        refused = await send(controller_host, agent, too_big)
+        assert (refused["ok"], refused["code"]) == (
+            False,
+            "no_room",
+        ) and "2000 of the node's 3000" in refused["error"]
+        again = await send(controller_host, agent, a)
+        assert (again["ok"], again["code"]) == (False, "busy")
+        exclusive = await send(
+            controller_host, agent, {"op": "assign", "model": "sim-c", "command": SIMULATED}
+        )
+        assert (exclusive["ok"], exclusive["code"]) == (False, "busy")
+        b = {**too_big, "memory_mib": 1000}
+        assert (await send(controller_host, agent, b))["ok"]
+        await until(lambda: serving() == {"sim-a", "sim-b"}, 60, "both serving")
+        entries = {m.id: m for m in agent.registry.local.models}
+        assert (
+            entries["sim-a"].settings["memory_mib"] == 2000 and entries["sim-a"].settings["profile"] == "p-a"
+        )
+        assert entries["sim-b"].settings["memory_mib"] == 1000
+
+        # Each request reaches the engine of its model.
+        assert (await ask(agent, "sim-a"))["model"] == "sim-a"
+        assert (await ask(agent, "sim-b"))["model"] == "sim-b"
+
+        runner_a = next(r for r in agent.engines if "sim-a" in r.model_ids)
+        pid_a = runner_a.supervisor.pid
+        assert pid_a is not None
+        stopped = await send(controller_host, agent, {"op": "stop", "model": "sim-a"})
+        assert stopped == {"ok": True, "state": "stopped", "model": "sim-a"}
+        assert serving() == {"sim-b"} and agent.registry.local.lifecycle == Lifecycle.SERVING
+        await until(lambda: not _alive(pid_a), 30, "sim-a's process to exit")
+        assert (await ask(agent, "sim-b"))["model"] == "sim-b"
+        assert agent.exit_code is None  # stopping one engine is no failure of the node
+        # Its memory is back: an engine of 2000 MiB fits again.
+        c = {"op": "assign", "model": "sim-c", "command": SIMULATED, "memory_mib": 2000}
+        assert (await send(controller_host, agent, c))["ok"]
+        await until(lambda: serving() == {"sim-b", "sim-c"}, 60, "sim-c serving")
+        missing = await send(controller_host, agent, {"op": "stop", "model": "sim-a"})
+        assert (missing["ok"], missing["code"]) == (False, "not_found")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -129,7 +129,10 @@ def shadow_validate(
     shadow = [InstanceLoad(inst.profile, [_copy(r) for r in inst.requests]) for inst in instances]
     ghost = _copy(new)
     shadow[target].requests.append(ghost)
-    watched = [ghost, *(r for inst in shadow for r in inst.requests if r is not ghost and r.headroom(now) >= 0)]
+    watched = [
+        ghost,
+        *(r for inst in shadow for r in inst.requests if r is not ghost and r.headroom(now) >= 0),
+    ]
     clock = now
     goal = ghost.output_tokens + 1 + DECODE_TOKENS_CHECKED
     for _ in range(MAX_TURNS):

@@ -29,6 +29,9 @@ RESET_CANCELLED = 0x103
 # Only these request headers travel: the engine needs nothing else, and every byte is on the hot path.
 FORWARDED_REQUEST_HEADERS = ("content-type", "accept")
 FORWARDED_RESPONSE_HEADERS = ("content-type",)
+MODEL_HEADER = "x-otela-model"
+"""Names the model a tunnelled request was routed for, so a node running several engines picks the one serving it
+(without parsing the body)."""
 
 
 @dataclass(slots=True)

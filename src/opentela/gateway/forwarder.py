@@ -22,6 +22,7 @@ from opentela.errors import (
 )
 from opentela.fabric.http_tunnel import (
     FORWARDED_REQUEST_HEADERS,
+    MODEL_HEADER,
     RESET_CANCELLED,
     TunnelRequest,
     TunnelResponseHead,
@@ -113,6 +114,7 @@ class Forwarder:
                 raise
         routed_at = time.perf_counter()
         forwarded = {k: headers[k] for k in FORWARDED_REQUEST_HEADERS if k in headers}
+        forwarded[MODEL_HEADER] = body.model
         payload = encode_request(
             TunnelRequest("POST", path, body.raw, request_id, forwarded, self.config.server_timing)
         )

@@ -160,6 +160,13 @@ class NodeConfig:
             "(an assignment runs an engine command here); empty: the node refuses every assignment."
         },
     )
+    engine_memory_mib: int = field(
+        default=0,
+        metadata={
+            "help": "Memory this node lends to engines that controllers start beside each other (each assignment "
+            "names its footprint); 0: the GPUs' total memory, or the RAM on a node without GPUs."
+        },
+    )
     accept_assignments: str = field(
         default="listed",
         metadata={

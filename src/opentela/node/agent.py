@@ -26,7 +26,7 @@ from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.node._config import NodeConfig, Role
-from opentela.node.control import ControlService, EngineAssignment
+from opentela.node.control import ControlService, EngineAssignment, Refusal
 from opentela.node.engine_runner import EXIT_OK, EngineRunner
 from opentela.node.engine_set import EngineSet
 from opentela.node.failstop import FailStop
@@ -115,7 +115,11 @@ class NodeAgent:
         )
         """Call with a reason and an exit code to stop on a fatal local condition (the first one wins)."""
         self.control = ControlService(
-            node.controllers, node.accept_assignments == "any", self._assignment_busy, self.assign_engine
+            node.controllers,
+            node.accept_assignments == "any",
+            self._assignment_busy,
+            self.assign_engine,
+            self.stop_engine,
         )
 
     def __repr__(self) -> str:
@@ -285,23 +289,65 @@ class NodeAgent:
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})
 
     # --- assignments from a fleet controller (/otela/control/1) ----------------------------------------------
-    def _assignment_busy(self) -> str | None:
-        """Why this node cannot take an assignment now, or None when it is idle."""
+    def _assignment_busy(self, assignment: EngineAssignment) -> Refusal | None:
+        """Why this node cannot take `assignment` now, or None. An assignment with a memory footprint may join
+        other engines that have one, within the node's engine memory; one without needs the node idle."""
         if self.registry is None or self._stop.is_set() or self.fail_stop.failing:
-            return "the node is stopping"
-        if self.engine is not None:
-            return f"the node already runs engine {self.engine.name}"
-        if self.registry.local.lifecycle != Lifecycle.JOIN:
-            return f"the node is {self.registry.local.lifecycle.name}, not idle"
+            return Refusal("busy", "the node is stopping")
+        if self.registry.local.lifecycle not in (Lifecycle.JOIN, Lifecycle.SERVING):
+            return Refusal("busy", f"the node is {self.registry.local.lifecycle.name}, not idle")
+        running = list(self.engines)
+        if assignment.memory_mib is None or any(r.memory_mib is None for r in running):
+            if running:
+                return Refusal("busy", f"the node already runs engine {running[0].spec.name} on its own")
+            return None
+        if any(assignment.model in r.model_ids for r in running):
+            return Refusal("busy", f"the node already runs {assignment.model}")
+        budget = self.engine_memory_mib
+        used = sum(r.memory_mib or 0 for r in running)
+        if used + assignment.memory_mib > budget:
+            return Refusal(
+                "no_room",
+                f"{assignment.model} needs {assignment.memory_mib} MiB; {used} of the node's {budget} MiB for "
+                "engines are in use",
+            )
         return None
 
+    @property
+    def engine_memory_mib(self) -> int:
+        """The memory this node lends to engines (see NodeConfig.engine_memory_mib)."""
+        if self.node_config.engine_memory_mib > 0:
+            return self.node_config.engine_memory_mib
+        hardware = self.registry.local.hardware if self.registry is not None else {}
+        gpus = hardware.get("gpus") or ()
+        return sum(int(g.get("memory_mib", 0)) for g in gpus) or int(hardware.get("ram_mib", 0))
+
     def assign_engine(self, assignment: EngineAssignment) -> None:
-        """Start an assigned engine, as if the node had been started with it; the caller checked it is idle."""
+        """Start an assigned engine, as if the node had been started with it; the caller checked there is room."""
         assert self.registry is not None
         self.registry.update_local(
             reason=f"starting {assignment.model} for controller {assignment.controller}"[:512]
         )
-        self.engines.launch(assignment.spec, self.session_id, assigned=True)
+        self.engines.launch(
+            assignment.spec,
+            self.session_id,
+            assigned=True,
+            model=assignment.model,
+            memory_mib=assignment.memory_mib,
+            profile=assignment.profile,
+        )
+
+    def stop_engine(self, model: str) -> bool:
+        """Stop the engine serving `model` and take it off the record, leaving the others; False if none does."""
+        runner = next((r for r in self.engines if model in r.model_ids), None)
+        if runner is None:
+            return False
+        runner.retire()  # its exit is no failure of the node
+        self.engines.forget(runner)
+        if self.registry is not None:
+            self.registry.update_local(models=self.engines.serving_models(), reason=f"stopped {model}"[:512])
+        self._tasks.spawn(runner.aclose(), f"stop-{model}"[:64])
+        return True
 
     async def _assignment_failed(self, runner: EngineRunner, reason: str) -> None:
         """An assigned engine never served (its runner stopped it): forget it and say why in our record."""

@@ -1,4 +1,4 @@
-"""Serving side of /otela/control/1: an authorised fleet controller assigns a model to this idle node.
+"""Serving side of /otela/control/1: an authorised fleet controller starts and stops the engines of this node.
 
 One request and one answer per stream, as length-prefixed msgpack maps. The request::
 
@@ -6,9 +6,17 @@ One request and one answer per stream, as length-prefixed msgpack maps. The requ
      "tp": 2, "gpus": [0, 1], "device": "L40S"}
 
 or, instead of ``command``, an engine adapter name and its options (``"engine": "vllm", "options": {...}``).
-The answer is ``{"ok": true, "state": "starting", ...}`` or ``{"ok": false, "code": C, "error": "..."}`` with
-C one of ``not_authorised``, ``busy``, ``bad_template``, ``bad_request``. What follows an accepted assignment
-(SERVING, or back to idle with ``assignment failed: ...`` as the record's reason) is in the registry record.
+An assignment that names its footprint (``"memory_mib": N``, and optionally the id of the performance profile the
+engine runs under, ``"profile": "..."``) may join engines already running, as long as the node's engine memory has
+room; one without it needs an idle node. The answer is ``{"ok": true, "state": "starting", ...}`` or
+``{"ok": false, "code": C, "error": "..."}`` with C one of ``not_authorised``, ``busy``, ``no_room``,
+``bad_template``, ``bad_request``.
+
+``{"op": "stop", "model": "M"}`` stops the engine serving M and returns its memory, leaving the node's other
+engines alone: ``{"ok": true, "state": "stopped", "model": "M"}``, or ``not_found`` when none serves it.
+
+What follows an accepted assignment (SERVING, or back to idle with ``assignment failed: ...`` as the record's
+reason) is in the registry record.
 
 Only controllers whose peer ids the node lists in its ``controllers`` setting may assign: an assignment runs
 a command on this machine. ``accept_assignments = "any"`` lifts the check, for local demos only.
@@ -57,6 +65,10 @@ class EngineAssignment:
     gpus: tuple[int, ...]
     device: str
     controller: PeerId
+    memory_mib: int | None = None
+    """The engine's memory footprint; None: it needs the node to itself."""
+    profile: str = ""
+    """The id of its performance profile (engines/profile.py), published with its model entry."""
 
 
 def render_template(command: str | Sequence[str], values: Mapping[str, str]) -> list[str]:
@@ -86,7 +98,7 @@ def render_template(command: str | Sequence[str], values: Mapping[str, str]) -> 
 def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
     """Validate an ``assign`` request and build its engine spec; Refusal says what is wrong."""
     if not isinstance(message, Mapping) or message.get("op") != "assign":
-        raise Refusal("bad_request", "expected a map with op = 'assign'")
+        raise Refusal("bad_request", "expected a map with op = 'assign' or 'stop'")
     model = message.get("model")
     if not isinstance(model, str) or not model or len(model) > 512:
         raise Refusal("bad_request", "'model' must be a non-empty string")
@@ -97,6 +109,12 @@ def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
     if not isinstance(tp, int) or tp < 1:
         raise Refusal("bad_request", "'tp' must be a positive integer")
     device = str(message.get("device", ""))
+    memory = message.get("memory_mib")
+    if memory is not None and (not isinstance(memory, int) or isinstance(memory, bool) or memory <= 0):
+        raise Refusal("bad_request", "'memory_mib' must be a positive integer")
+    profile = message.get("profile", "")
+    if not isinstance(profile, str) or len(profile) > 128:
+        raise Refusal("bad_request", "'profile' must be a profile id")
     values = {"model": model, "tp": str(tp), "gpus": ",".join(map(str, gpus)), "device": device}
     command = message.get("command")
     try:
@@ -118,30 +136,32 @@ def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
         raise Refusal("bad_template", str(exc)) from None
     if gpus:
         spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": values["gpus"]})
-    return EngineAssignment(model, spec, tp, tuple(gpus), device, controller)
+    return EngineAssignment(model, spec, tp, tuple(gpus), device, controller, memory, profile)
 
 
 class ControlService:
-    """Answers assignments: checks the sender, asks `busy` whether an engine runs, hands the spec to `start`."""
+    """Answers assignments and stops: checks the sender, asks `busy` whether the node can take the assignment
+    (None, or a Refusal to raise), hands it to `start`; `stop(model)` stops one engine (False: none serves it)."""
 
     def __init__(
         self,
         controllers: Sequence[PeerId],
         accept_any: bool,
-        busy: Callable[[], str | None],
+        busy: Callable[[EngineAssignment], Refusal | None],
         start: Callable[[EngineAssignment], None],
+        stop: Callable[[str], bool] | None = None,
     ) -> None:
         self.controllers = frozenset(controllers)
         self.accept_any = accept_any
-        self._busy, self._start = busy, start
+        self._busy, self._start, self._stop = busy, start, stop
         self.counters = {"accepted": 0, "refused": 0}
 
     def __repr__(self) -> str:
         who = "any" if self.accept_any else f"{len(self.controllers)} controllers"
         return f"<ControlService {who} {self.counters}>"
 
-    def check(self, message: Any, sender: PeerId) -> EngineAssignment:
-        """The assignment to start, or Refusal: not authorised, busy, or a bad request or template."""
+    def authorise(self, sender: PeerId) -> None:
+        """Refusal unless `sender` may control this node."""
         if not self.accept_any and sender not in self.controllers:
             why = (
                 "this node lists no controllers (set [node] controllers)"
@@ -149,10 +169,25 @@ class ControlService:
                 else "the sender is not in this node's controllers"
             )
             raise Refusal("not_authorised", f"peer {sender} may not assign work here: {why}")
-        state = self._busy()
-        if state is not None:
-            raise Refusal("busy", state)
-        return parse_assignment(message, sender)
+
+    def check(self, message: Any, sender: PeerId) -> EngineAssignment:
+        """The assignment to start, or Refusal: not authorised, busy, no room, or a bad request or template."""
+        self.authorise(sender)
+        assignment = parse_assignment(message, sender)
+        refusal = self._busy(assignment)
+        if refusal is not None:
+            raise refusal
+        return assignment
+
+    def check_stop(self, message: Any, sender: PeerId) -> str:
+        """The model a ``stop`` request names, once its sender is authorised."""
+        self.authorise(sender)
+        model = message.get("model")
+        if not isinstance(model, str) or not model:
+            raise Refusal("bad_request", "'model' must be a non-empty string")
+        if self._stop is None:
+            raise Refusal("bad_request", "this node does not stop single engines")
+        return model
 
     async def handle_stream(self, stream: Stream) -> None:
         """One request, one answer."""
@@ -161,6 +196,9 @@ class ControlService:
             message = await asyncio.wait_for(read_msg(stream, MAX_CONTROL_MESSAGE), READ_TIMEOUT_S)
         except (ProtocolError, TimeoutError, asyncio.IncompleteReadError) as exc:
             await self._answer(stream, {"ok": False, "code": "bad_request", "error": f"unreadable: {exc}"})
+            return
+        if isinstance(message, Mapping) and message.get("op") == "stop":
+            await self._handle_stop(stream, message, sender)
             return
         try:
             assignment = self.check(message, sender)
@@ -195,6 +233,20 @@ class ControlService:
                 "port": assignment.spec.port,
             },
         )
+
+    async def _handle_stop(self, stream: Stream, message: Mapping[str, Any], sender: PeerId) -> None:
+        try:
+            model = self.check_stop(message, sender)
+            assert self._stop is not None
+            if not self._stop(model):
+                raise Refusal("not_found", f"no engine on this node serves {model}")
+        except Refusal as exc:
+            self.counters["refused"] += 1
+            await self._answer(stream, {"ok": False, "code": exc.code, "error": str(exc)})
+            return
+        self.counters["stopped"] = self.counters.get("stopped", 0) + 1
+        logger.info("engine stop accepted", extra={"controller": sender, "model": model})
+        await self._answer(stream, {"ok": True, "state": "stopped", "model": model})
 
     @staticmethod
     async def _answer(stream: Stream, answer: dict[str, Any]) -> None:

@@ -40,10 +40,12 @@ OnFatal = Callable[[str, int], Awaitable[None]]
 OnNotServed = Callable[["EngineRunner", str], Awaitable[None]]
 
 
-def served_models(spec: EngineSpec, served: list[dict[str, Any]]) -> tuple[ModelEntry, ...]:
-    """The record's model entries for what the engine's /v1/models listed."""
+def served_models(
+    spec: EngineSpec, served: list[dict[str, Any]], extra: dict[str, Any] | None = None
+) -> tuple[ModelEntry, ...]:
+    """The record's model entries for what the engine's /v1/models listed (`extra` joins their settings)."""
     return tuple(
-        ModelEntry(id=str(m["id"]), engine=spec.name, settings=advertised_settings(m))
+        ModelEntry(id=str(m["id"]), engine=spec.name, settings={**advertised_settings(m), **(extra or {})})
         for m in served
         if m.get("id")
     )
@@ -77,6 +79,12 @@ class EngineRunner:
         self.ready = False
         self.retired = False
         self.models: tuple[ModelEntry, ...] = ()
+        self.assigned_model = ""
+        """The model a controller started it for ("" when the node was started with it)."""
+        self.memory_mib: int | None = None
+        """Its share of the node's engine memory; None: it runs on the node alone."""
+        self.profile = ""
+        """The id of the performance profile it runs under, if any."""
         self._watchers = TaskSet(f"engine-{spec.name}", on_error=on_task_error)
 
     def __repr__(self) -> str:
@@ -87,6 +95,11 @@ class EngineRunner:
     def key(self) -> str:
         """How the node tells its engines apart: name and port."""
         return f"{self.spec.name}:{self.spec.port}"
+
+    @property
+    def model_ids(self) -> set[str]:
+        """The models it serves, or was started for while it loads."""
+        return {m.id for m in self.models} | ({self.assigned_model} if self.assigned_model else set())
 
     @property
     def assigned(self) -> bool:
@@ -121,7 +134,10 @@ class EngineRunner:
             logger.error("engine never became ready: %s", exc)
             await self._not_served(f"engine not ready: {exc.message}")
             return
-        self.models = served_models(self.spec, served)
+        extra: dict[str, Any] = {"memory_mib": self.memory_mib} if self.memory_mib is not None else {}
+        if self.profile:
+            extra["profile"] = self.profile
+        self.models = served_models(self.spec, served, extra)
         self.ready = True
         self._on_serving(self, self.models)
         if self.config.health_interval > 0:

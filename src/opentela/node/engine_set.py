@@ -50,9 +50,20 @@ class EngineSet:
             path = log_dir / f"engine-{session_id[:12]}-{spec.port}.log"
         return path
 
-    def launch(self, spec: EngineSpec, session_id: str, *, assigned: bool) -> EngineRunner:
-        """Start running `spec` in the background; a second engine with the same key is refused."""
+    def launch(
+        self,
+        spec: EngineSpec,
+        session_id: str,
+        *,
+        assigned: bool,
+        model: str = "",
+        memory_mib: int | None = None,
+        profile: str = "",
+    ) -> EngineRunner:
+        """Start running `spec` in the background (for `model`, taking `memory_mib` of the node's engine memory,
+        under performance profile `profile`); a second engine with the same key is refused."""
         runner = self._make_runner(spec, self.log_path(spec, session_id), assigned)
+        runner.assigned_model, runner.memory_mib, runner.profile = model, memory_mib, profile
         if runner.key in self.runners:
             raise ValueError(f"engine {runner.key} already runs on this node")
         self.runners[runner.key] = runner
@@ -64,9 +75,19 @@ class EngineSet:
         if self.runners.get(runner.key) is runner:
             del self.runners[runner.key]
 
-    def serving_url(self) -> str | None:
-        """The base URL of an engine that serves now, or None."""
-        return next((r.spec.base_url for r in self.runners.values() if r.ready), None)
+    def serving_url(self, model: str | None = None) -> str | None:
+        """The base URL of an engine that serves `model` now (any serving engine when None or when only one
+        engine runs), or None."""
+        if model is None or len(self.runners) == 1:
+            return next((r.spec.base_url for r in self.runners.values() if r.ready), None)
+        return next(
+            (
+                r.spec.base_url
+                for r in self.runners.values()
+                if r.ready and any(m.id == model for m in r.models)
+            ),
+            None,
+        )
 
     def serving_models(self) -> tuple[ModelEntry, ...]:
         """The model entries of every engine that serves now, for the node's record."""

@@ -20,6 +20,7 @@ from opentela.errors import (
 )
 from opentela.fabric.http_tunnel import (
     FORWARDED_RESPONSE_HEADERS,
+    MODEL_HEADER,
     RESET_BAD_REQUEST,
     RESET_ENGINE_CRASHED,
     RESET_ENGINE_TIMEOUT,
@@ -39,7 +40,7 @@ class LocalEngineProxy:
 
     def __init__(
         self,
-        engine_url: Callable[[], str | None],
+        engine_url: Callable[[str | None], str | None],
         *,
         max_body: int,
         connect_timeout: float = 5.0,
@@ -57,7 +58,7 @@ class LocalEngineProxy:
         """Requests whose asker reset the stream before the end; their engine requests were closed."""
 
     def __repr__(self) -> str:
-        return f"<LocalEngineProxy engine={self._engine_url()} in_flight={self.in_flight}>"
+        return f"<LocalEngineProxy engine={self._engine_url(None)} in_flight={self.in_flight}>"
 
     async def aclose(self) -> None:
         """Close the HTTP pool."""
@@ -86,10 +87,11 @@ class LocalEngineProxy:
 
     async def forward(self, request: TunnelRequest, stream: Stream) -> None:
         """Send `request` to the engine and write the response head and body to `stream`."""
-        base = self._engine_url()
+        model = request.headers.get(MODEL_HEADER)
+        base = self._engine_url(model)
         if base is None or request.path not in _ALLOWED_PATHS:
             err: OpenTelaError = (
-                EngineUnavailableError("the engine on this node is not serving")
+                EngineUnavailableError(f"no engine on this node serves {model or 'requests'} now")
                 if base is None
                 else ProtocolError(f"path {request.path} is not forwarded")
             )

@@ -62,7 +62,7 @@ class InProcessMesh:
     def add(self, rec: NodeRecord, engine_url: str | None) -> NodeRecord:
         """A replica whose engine answers at `engine_url` (None: a node whose engine is not serving)."""
         self.records[rec.session_id] = rec
-        self.proxies[rec.session_id] = LocalEngineProxy(lambda: engine_url, max_body=1 << 24)
+        self.proxies[rec.session_id] = LocalEngineProxy(lambda _model: engine_url, max_body=1 << 24)
         return rec
 
     def candidates(self, model: str) -> list[NodeRecord]:

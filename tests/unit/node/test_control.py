@@ -82,9 +82,24 @@ def test_bad_assignments_are_refused_with_a_reason(message: dict[str, Any], code
     assert refusal.value.code == code and str(refusal.value)
 
 
-def service(busy: str | None = None, controllers: tuple[str, ...] = (CONTROLLER,), any_: bool = False):
+def service(
+    busy: str | None = None,
+    controllers: tuple[str, ...] = (CONTROLLER,),
+    any_: bool = False,
+    running: tuple[str, ...] = (),
+):
     started: list[EngineAssignment] = []
-    return ControlService(controllers, any_, lambda: busy, started.append), started
+    stopped: list[str] = []
+
+    def stop(model: str) -> bool:
+        stopped.append(model)
+        return model in running
+
+    svc = ControlService(
+        controllers, any_, lambda _a: Refusal("busy", busy) if busy else None, started.append, stop
+    )
+    svc.stopped = stopped  # type: ignore[attr-defined]
+    return svc, started
 
 
 def test_only_listed_controllers_may_assign_and_an_empty_list_refuses_everyone() -> None:
@@ -100,11 +115,42 @@ def test_only_listed_controllers_may_assign_and_an_empty_list_refuses_everyone()
     assert svc.check(assign(), STRANGER).model == "m"
 
 
-def test_a_busy_node_refuses_before_looking_at_the_command() -> None:
-    svc, _ = service(busy="the node already runs engine vllm")
+def test_a_busy_node_refuses_and_a_bad_command_is_refused_as_such() -> None:
+    svc, started = service(busy="the node already runs engine vllm")
+    with pytest.raises(Refusal) as refusal:
+        svc.check(assign(), CONTROLLER)
+    assert refusal.value.code == "busy" and "already runs" in str(refusal.value) and not started
     with pytest.raises(Refusal) as refusal:
         svc.check(assign(command="{nonsense}"), CONTROLLER)
-    assert refusal.value.code == "busy" and "already runs" in str(refusal.value)
+    assert refusal.value.code == "bad_template"
+
+
+def test_an_assignment_may_name_its_memory_and_profile() -> None:
+    a = parse_assignment(assign(memory_mib=2048, profile="abc123"), CONTROLLER)
+    assert (a.memory_mib, a.profile) == (2048, "abc123")
+    assert parse_assignment(assign(), CONTROLLER).memory_mib is None
+    for bad in (0, -5, "2048", True, 1.5):
+        with pytest.raises(Refusal) as refusal:
+            parse_assignment(assign(memory_mib=bad), CONTROLLER)
+        assert refusal.value.code == "bad_request"
+    with pytest.raises(Refusal):
+        parse_assignment(assign(profile=7), CONTROLLER)
+
+
+async def test_stop_stops_one_engine_for_an_authorised_controller() -> None:
+    svc, _ = service(running=("a",))
+    assert await exchange(svc, CONTROLLER, {"op": "stop", "model": "a"}) == {
+        "ok": True,
+        "state": "stopped",
+        "model": "a",
+    }
+    missing = await exchange(svc, CONTROLLER, {"op": "stop", "model": "b"})
+    assert (missing["ok"], missing["code"]) == (False, "not_found")
+    stranger = await exchange(svc, STRANGER, {"op": "stop", "model": "a"})
+    assert (stranger["ok"], stranger["code"]) == (False, "not_authorised")
+    bad = await exchange(svc, CONTROLLER, {"op": "stop"})
+    assert (bad["ok"], bad["code"]) == (False, "bad_request")
+    assert svc.stopped == ["a", "b"]  # type: ignore[attr-defined]
 
 
 async def exchange(svc: ControlService, sender: str, message: Any) -> dict[str, Any]:

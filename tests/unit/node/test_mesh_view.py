@@ -82,7 +82,7 @@ def view() -> tuple[MeshView, FakeHost, list[str]]:
         registry,
         FakeMembership(),  # type: ignore[arg-type]
         FakeGossip(),  # type: ignore[arg-type]
-        LocalEngineProxy(lambda: None, max_body=1024),
+        LocalEngineProxy(lambda _model: None, max_body=1024),
         control,
         bootstrap=["10.0.0.2:1"],
         spawn=lambda coro, name: (coro.close(), spawned.append(name)),
