@@ -189,3 +189,41 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+async def test_an_engine_with_a_keep_alive_is_stopped_once_idle_and_only_then(
+    tmp_path: Path, controller_host: Host
+) -> None:
+    node = NodeConfig(
+        listen="127.0.0.1:0",
+        controllers=(controller_host.peer_id,),
+        reachability="public",
+        health_interval=0,
+        ready_timeout=60,
+        engine_memory_mib=1000,
+    )
+    async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
+        assert agent.registry is not None
+        message = {
+            "op": "assign",
+            "model": "sim-k",
+            "command": SIMULATED,
+            "memory_mib": 500,
+            "keep_alive_s": 1.0,
+        }
+        assert (await send(controller_host, agent, message))["ok"]
+        await until(lambda: agent.registry.local.model_ids == ("sim-k",), 60, "sim-k serving")
+        pid = next(iter(agent.engines)).supervisor.pid
+        assert pid is not None
+        # Requests every 0.4 s for 2.4 s: never idle for its keep-alive, so it stays.
+        for _ in range(6):
+            assert (await ask(agent, "sim-k"))["model"] == "sim-k"
+            await asyncio.sleep(0.4)
+        assert agent.registry.local.model_ids == ("sim-k",)
+        # Then nothing: it goes, its process exits, its memory is free for the next one.
+        await until(lambda: agent.registry.local.model_ids == (), 10, "the keep-alive stop")
+        assert "keep-alive" in agent.registry.local.reason
+        await until(lambda: not _alive(pid), 30, "the engine process to exit")
+        assert len(agent.engines) == 0 and agent.exit_code is None
+        bigger = {"op": "assign", "model": "sim-l", "command": SIMULATED, "memory_mib": 1000}
+        assert (await send(controller_host, agent, bigger))["ok"]

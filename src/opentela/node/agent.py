@@ -53,6 +53,8 @@ from opentela.registry.record import ModelEntry
 from opentela.registry.registry import Registry
 
 logger = logging.getLogger(__name__)
+KEEP_ALIVE_CHECK_S = 0.25
+"""How often a node looks for engines idle past their keep-alive."""
 
 
 class NodeAgent:
@@ -103,6 +105,7 @@ class NodeAgent:
         self._configured_engine = engine  # launched by start()
         self.proxy = LocalEngineProxy(self.engines.serving_url, max_body=node.max_body_bytes)
         self._closers: list[Callable[[], None]] = []
+        self._recycling = False
         self.fail_stop = FailStop(
             node,
             self.engines,
@@ -335,17 +338,22 @@ class NodeAgent:
             model=assignment.model,
             memory_mib=assignment.memory_mib,
             profile=assignment.profile,
+            keep_alive_s=assignment.keep_alive_s,
         )
+        if assignment.keep_alive_s is not None and not self._recycling:
+            self._recycling = True
+            self._tasks.spawn(self._recycle_idle_engines(), "keep-alive")
 
-    def stop_engine(self, model: str) -> bool:
+    def stop_engine(self, model: str, why: str = "stopped") -> bool:
         """Stop the engine serving `model` and take it off the record, leaving the others; False if none does."""
         runner = next((r for r in self.engines if model in r.model_ids), None)
         if runner is None:
             return False
         runner.retire()  # its exit is no failure of the node
         self.engines.forget(runner)
+        logger.info("engine stopped", extra={"model": model, "why": why})
         if self.registry is not None:
-            self.registry.update_local(models=self.engines.serving_models(), reason=f"stopped {model}"[:512])
+            self.registry.update_local(models=self.engines.serving_models(), reason=f"{why}: {model}"[:512])
         self._tasks.spawn(runner.aclose(), f"stop-{model}"[:64])
         return True
 
@@ -354,6 +362,22 @@ class NodeAgent:
         assert self.registry is not None
         self.engines.forget(runner)
         self.registry.update_local(reason=f"assignment failed: {reason}"[:512])
+
+    async def _recycle_idle_engines(self) -> None:
+        """Stop each engine with a keep-alive once it has served nothing for that long (its memory goes back)."""
+        while not self._stop.is_set():
+            now = time.monotonic()
+            for runner in self.engines:
+                if runner.keep_alive_s is None or not runner.ready:
+                    continue
+                base = runner.spec.base_url
+                if self.proxy.busy.get(base, 0) > 0:
+                    continue
+                idle = now - max(runner.ready_at, self.proxy.last_done.get(base, 0.0))
+                if idle >= runner.keep_alive_s:
+                    model = next(iter(sorted(runner.model_ids)), runner.spec.name)
+                    self.stop_engine(model, f"idle for {idle:.1f} s (keep-alive {runner.keep_alive_s:g} s)")
+            await asyncio.sleep(KEEP_ALIVE_CHECK_S)
 
     # --- sessions -------------------------------------------------------------------------------------------
     def _rejoin(self, why: str) -> None:

@@ -6,8 +6,9 @@ One request and one answer per stream, as length-prefixed msgpack maps. The requ
      "tp": 2, "gpus": [0, 1], "device": "L40S"}
 
 or, instead of ``command``, an engine adapter name and its options (``"engine": "vllm", "options": {...}``).
-An assignment that names its footprint (``"memory_mib": N``, and optionally the id of the performance profile the
-engine runs under, ``"profile": "..."``) may join engines already running, as long as the node's engine memory has
+An assignment that names its footprint (``"memory_mib": N``, optionally the id of the performance profile the
+engine runs under, ``"profile": "..."``, and a keep-alive, ``"keep_alive_s": S``, after which an engine that served
+nothing is stopped) may join engines already running, as long as the node's engine memory has
 room; one without it needs an idle node. The answer is ``{"ok": true, "state": "starting", ...}`` or
 ``{"ok": false, "code": C, "error": "..."}`` with C one of ``not_authorised``, ``busy``, ``no_room``,
 ``bad_template``, ``bad_request``.
@@ -69,6 +70,8 @@ class EngineAssignment:
     """The engine's memory footprint; None: it needs the node to itself."""
     profile: str = ""
     """The id of its performance profile (engines/profile.py), published with its model entry."""
+    keep_alive_s: float | None = None
+    """Stop the engine after it served no request for this long (serverless models); None: keep it."""
 
 
 def render_template(command: str | Sequence[str], values: Mapping[str, str]) -> list[str]:
@@ -115,6 +118,11 @@ def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
     profile = message.get("profile", "")
     if not isinstance(profile, str) or len(profile) > 128:
         raise Refusal("bad_request", "'profile' must be a profile id")
+    keep_alive = message.get("keep_alive_s")
+    if keep_alive is not None and (
+        not isinstance(keep_alive, int | float) or isinstance(keep_alive, bool) or not keep_alive > 0
+    ):
+        raise Refusal("bad_request", "'keep_alive_s' must be a positive number of seconds")
     values = {"model": model, "tp": str(tp), "gpus": ",".join(map(str, gpus)), "device": device}
     command = message.get("command")
     try:
@@ -136,7 +144,17 @@ def parse_assignment(message: Any, controller: PeerId) -> EngineAssignment:
         raise Refusal("bad_template", str(exc)) from None
     if gpus:
         spec = dataclasses.replace(spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": values["gpus"]})
-    return EngineAssignment(model, spec, tp, tuple(gpus), device, controller, memory, profile)
+    return EngineAssignment(
+        model,
+        spec,
+        tp,
+        tuple(gpus),
+        device,
+        controller,
+        memory,
+        profile,
+        None if keep_alive is None else float(keep_alive),
+    )
 
 
 class ControlService:

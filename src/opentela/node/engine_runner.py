@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,10 @@ class EngineRunner:
         """Its share of the node's engine memory; None: it runs on the node alone."""
         self.profile = ""
         """The id of the performance profile it runs under, if any."""
+        self.keep_alive_s: float | None = None
+        """Stopped by the node once it served nothing for this long (serverless); None: kept."""
+        self.ready_at = 0.0
+        """When it started serving (monotonic clock)."""
         self._watchers = TaskSet(f"engine-{spec.name}", on_error=on_task_error)
 
     def __repr__(self) -> str:
@@ -138,7 +143,7 @@ class EngineRunner:
         if self.profile:
             extra["profile"] = self.profile
         self.models = served_models(self.spec, served, extra)
-        self.ready = True
+        self.ready, self.ready_at = True, time.monotonic()
         self._on_serving(self, self.models)
         if self.config.health_interval > 0:
             self._watchers.spawn(self._watch_health(), "health")

@@ -59,11 +59,13 @@ class EngineSet:
         model: str = "",
         memory_mib: int | None = None,
         profile: str = "",
+        keep_alive_s: float | None = None,
     ) -> EngineRunner:
         """Start running `spec` in the background (for `model`, taking `memory_mib` of the node's engine memory,
         under performance profile `profile`); a second engine with the same key is refused."""
         runner = self._make_runner(spec, self.log_path(spec, session_id), assigned)
         runner.assigned_model, runner.memory_mib, runner.profile = model, memory_mib, profile
+        runner.keep_alive_s = keep_alive_s
         if runner.key in self.runners:
             raise ValueError(f"engine {runner.key} already runs on this node")
         self.runners[runner.key] = runner

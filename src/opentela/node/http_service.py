@@ -53,6 +53,10 @@ class LocalEngineProxy:
         )
         self._session: aiohttp.ClientSession | None = None
         self.in_flight = 0
+        self.busy: dict[str, int] = {}
+        """Requests in flight per engine base URL (a node may run several engines)."""
+        self.last_done: dict[str, float] = {}
+        """When each engine (base URL) last finished a request (monotonic clock)."""
         self.served = 0
         self.abandoned = 0
         """Requests whose asker reset the stream before the end; their engine requests were closed."""
@@ -100,6 +104,7 @@ class LocalEngineProxy:
         headers = dict(request.headers)
         headers["X-Request-Id"] = request.request_id
         self.in_flight += 1
+        self.busy[base] = self.busy.get(base, 0) + 1
         head_sent = False
         sent_at = time.perf_counter()
         # The asker may give up while the engine is still thinking (a client hung up, the ingress moved on):
@@ -160,6 +165,8 @@ class LocalEngineProxy:
         finally:
             stream.on_abort(None)
             self.in_flight -= 1
+            self.busy[base] -= 1
+            self.last_done[base] = time.monotonic()
 
     @staticmethod
     async def _write_error(stream: Stream, err: OpenTelaError) -> None:

@@ -135,6 +135,10 @@ def test_an_assignment_may_name_its_memory_and_profile() -> None:
         assert refusal.value.code == "bad_request"
     with pytest.raises(Refusal):
         parse_assignment(assign(profile=7), CONTROLLER)
+    assert parse_assignment(assign(keep_alive_s=2), CONTROLLER).keep_alive_s == 2.0
+    for bad in (0, -1, "5", False):
+        with pytest.raises(Refusal):
+            parse_assignment(assign(keep_alive_s=bad), CONTROLLER)
 
 
 async def test_stop_stops_one_engine_for_an_authorised_controller() -> None:
