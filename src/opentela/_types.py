@@ -30,6 +30,8 @@ PROTO_GOSSIP: ProtocolName = "/otela/gossip/1"
 PROTO_PROBE: ProtocolName = "/otela/probe/1"
 PROTO_RELAY: ProtocolName = "/otela/relay/1"
 PROTO_CONTROL: ProtocolName = "/otela/control/1"
+PROTO_DEMAND: ProtocolName = "/otela/demand/1"
+"""An ingress asks a controller to start a serverless model it holds requests for (scheduler/serverless.py)."""
 
 
 @runtime_checkable

@@ -122,6 +122,12 @@ class NoHealthyReplicaError(CapacityError):
     code = "no_healthy_replica"
 
 
+class ColdStartError(CapacityError):
+    """A serverless model could not be started in time (or at all) for a held request."""
+
+    code = "cold_start_failed"
+
+
 class NoTrustedProviderError(CapacityError):
     """Replicas of the model exist, but none belongs to a provider the request trusts."""
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from opentela._logging import setup_logging
 from opentela._signals import on_stop_signals
-from opentela._types import Lifecycle
+from opentela._types import PROTO_DEMAND, Lifecycle
 from opentela.cli._process import run_async
 from opentela.config import OtelaConfig, config_home, load_config
 from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
@@ -36,6 +36,7 @@ from opentela.registry.record import NodeRecord
 from opentela.scheduler.controller import FleetController
 from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
+from opentela.scheduler.serverless import ServerlessController
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class FleetControllerNode:
     def __init__(
         self, agent: NodeAgent, catalog: FleetCatalog, interval_s: float | None = None, dry_run: bool = False
     ) -> None:
-        self.agent, self.catalog = agent, catalog
+        self.agent, self.catalog, self.dry_run = agent, catalog, dry_run
         self.controller = FleetController(
             catalog.controller_config(interval_s),
             self.records,
@@ -148,6 +149,23 @@ class FleetControllerNode:
             catalog.hardware,
         )
         self.wake = asyncio.Event()
+        self.serverless = (
+            ServerlessController(catalog.serverless, self.records, self.send) if catalog.serverless else None
+        )
+
+    def serve_demand(self) -> None:
+        """Answer ingresses' wants for serverless models (/otela/demand/1), and time their cold starts."""
+        if self.serverless is None or self.dry_run:
+            return
+        serverless = self.serverless
+        assert self.agent.host is not None
+        self.agent.host.set_handler(PROTO_DEMAND, serverless.handle_stream)
+
+        def changed(record: NodeRecord, local: bool) -> None:
+            if serverless.starting and not local and record.models:
+                serverless.settle()
+
+        self.agent.mesh.on_change(changed)
 
     def records(self) -> list[NodeRecord]:
         """Live records of this replica, without the peers our liveness layer suspects."""
@@ -273,6 +291,7 @@ async def run_controller(args: argparse.Namespace) -> int:
         try:
             await agent.start()
             controller_node.watch_registry()
+            controller_node.serve_demand()
             print(f"controller {agent.peer_id}", file=sys.stderr)
             print(f"key        {Path(args.key_file or config_home() / 'controller.key')}", file=sys.stderr)
             print(f"bootstrap  {','.join(bootstrap)}", file=sys.stderr)

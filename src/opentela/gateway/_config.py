@@ -49,6 +49,17 @@ class GatewayConfig:
             "length."
         },
     )
+    cold_start_timeout: float = field(
+        default=120.0,
+        metadata={
+            "help": "Seconds a request for a serverless model with no live replica is held while a controller "
+            "starts one (then 503 with Retry-After); 0: never hold, answer at once."
+        },
+    )
+    cold_start_queue: int = field(
+        default=256,
+        metadata={"help": "Requests held for cold starts at once, over all models; more are answered 503."},
+    )
     connect_timeout: float = field(
         default=5.0, metadata={"help": "Seconds to open a stream to the serving node (dial included)."}
     )

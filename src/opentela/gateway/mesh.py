@@ -36,6 +36,14 @@ class Mesh(Protocol):
         """A /otela/http/1 stream to `target` (an in-process stream when `target` is this node)."""
         ...
 
+    def controllers(self) -> list[NodeRecord]:
+        """Live fleet controllers, which start serverless models on demand."""
+        ...
+
+    async def open_demand_stream(self, peer_id: PeerId, timeout: float) -> Stream:
+        """A /otela/demand/1 stream to the controller `peer_id`."""
+        ...
+
     def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
         """A request to `target` failed in a way that says something about its health."""
         ...

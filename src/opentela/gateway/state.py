@@ -10,6 +10,7 @@ from aiohttp import web
 
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.forwarder import Forwarder
+from opentela.gateway.hold import ColdStartHold
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.metrics import GatewayMetrics
 from opentela.gateway.routing import Router
@@ -24,6 +25,7 @@ class GatewayState:
     router: Router
     forwarder: Forwarder
     metrics: GatewayMetrics
+    hold: ColdStartHold
 
     @classmethod
     def build(cls, mesh: Mesh, config: GatewayConfig) -> GatewayState:
@@ -31,7 +33,7 @@ class GatewayState:
         metrics = GatewayMetrics()
         router = Router(mesh, config)
         forwarder = Forwarder(config, router, mesh.open_http_stream, metrics, mesh.report_failure)
-        return cls(config, mesh, router, forwarder, metrics)
+        return cls(config, mesh, router, forwarder, metrics, ColdStartHold(mesh, config))
 
 
 STATE_KEY: web.AppKey[GatewayState] = web.AppKey("otela_gateway", GatewayState)

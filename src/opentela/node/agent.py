@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +185,9 @@ class NodeAgent:
         )
         hardware = await asyncio.to_thread(probe_hardware)
         roles = (cfg.role.value,) if cfg.role in (Role.INGRESS, Role.CONTROLLER) else (Role.WORKER.value,)
+        if roles == (Role.WORKER.value,):
+            # Published so controllers can place engines beside each other (scheduler/serverless.py).
+            hardware = {**hardware, "engine_memory_mib": lent_memory_mib(cfg.engine_memory_mib, hardware)}
         reachability = NodeReachability(cfg.reachability, self.host, cfg.bootstrap, self._update_record)
         addrs = reachability.initial_addrs(self.host.listen_addrs, cfg.advertise)
         first = join_record(
@@ -319,11 +322,8 @@ class NodeAgent:
     @property
     def engine_memory_mib(self) -> int:
         """The memory this node lends to engines (see NodeConfig.engine_memory_mib)."""
-        if self.node_config.engine_memory_mib > 0:
-            return self.node_config.engine_memory_mib
         hardware = self.registry.local.hardware if self.registry is not None else {}
-        gpus = hardware.get("gpus") or ()
-        return sum(int(g.get("memory_mib", 0)) for g in gpus) or int(hardware.get("ram_mib", 0))
+        return lent_memory_mib(self.node_config.engine_memory_mib, hardware)
 
     def assign_engine(self, assignment: EngineAssignment) -> None:
         """Start an assigned engine, as if the node had been started with it; the caller checked there is room."""
@@ -449,3 +449,11 @@ class NodeAgent:
                 await part.aclose()
         for close in self._closers:
             close()
+
+
+def lent_memory_mib(configured: int, hardware: Mapping[str, Any]) -> int:
+    """The memory a node lends its engines: as configured, else its GPUs' total, else its RAM."""
+    if configured > 0:
+        return configured
+    gpus = hardware.get("gpus") or ()
+    return sum(int(g.get("memory_mib", 0)) for g in gpus) or int(hardware.get("ram_mib", 0))

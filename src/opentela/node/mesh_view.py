@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
+from opentela._types import PROTO_CONTROL, PROTO_DEMAND, PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
 from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
 from opentela.fabric.memory import memory_stream_pair
@@ -119,6 +119,15 @@ class MeshView:
         """A /otela/control/1 stream to `peer_id`, dialled at the addresses its live record gives."""
         addrs = next((r.addrs for r in self.live_records() if r.peer_id == peer_id), ())
         return await self.host.open_stream(peer_id, PROTO_CONTROL, addrs=addrs, timeout=timeout)
+
+    def controllers(self) -> list[NodeRecord]:
+        """Live records of fleet controllers (they start serverless models on demand)."""
+        return [r for r in self.live_records() if "controller" in r.roles]
+
+    async def open_demand_stream(self, peer_id: PeerId, timeout: float) -> Stream:
+        """A /otela/demand/1 stream to the controller `peer_id`."""
+        addrs = next((r.addrs for r in self.live_records() if r.peer_id == peer_id), ())
+        return await self.host.open_stream(peer_id, PROTO_DEMAND, addrs=addrs, timeout=timeout)
 
     def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
         """Transport failures make the liveness layer look at the peer now rather than at its next probe."""

@@ -12,11 +12,13 @@ import yaml
 from opentela.errors import ConfigError
 from opentela.scheduler.controller import ControllerConfig
 from opentela.scheduler.hardware import HardwareCatalog, load_catalog
-from opentela.scheduler.models import load_model
+from opentela.scheduler.models import BYTES_PER_ELEMENT, load_model
+from opentela.scheduler.serverless import ServerlessModel, instance_memory_mib
 from opentela.scheduler.tables import SimSettings
 from opentela.scheduler.workload import LengthDist, Workload
 
-_MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload"}
+_MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload", "serverless"}
+_SERVERLESS_KEYS = {"keep_alive_s", "memory_mib", "weights", "l_min", "cold_start_timeout_s"}
 _WORKLOAD_KEYS = {"rate", "input", "output", "observe"}
 _PLANNING_KEYS = {
     "policy",
@@ -42,6 +44,8 @@ class CatalogModel:
     """Declared traffic; `workload.model` is `config`, the name the placement knows the model by."""
     observe: bool = True
     """Use the ingress's observed request rate instead of the declared one once there is traffic."""
+    serverless: ServerlessModel | None = None
+    """Started on demand and recycled after a keep-alive, instead of kept served (scheduler/serverless.py)."""
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,20 @@ class FleetCatalog:
     scale_out: bool = True
     hardware: HardwareCatalog | None = field(default=None, repr=False)
 
+    @property
+    def kept(self) -> list[CatalogModel]:
+        """The models kept served by the fleet controller's rounds (every one not serverless)."""
+        return [m for m in self.models if m.serverless is None]
+
+    @property
+    def serverless(self) -> dict[str, ServerlessModel]:
+        """The serverless models by the id clients request them as."""
+        return {m.id: m.serverless for m in self.models if m.serverless is not None}
+
     def controller_config(self, interval_s: float | None = None) -> ControllerConfig:
-        """The controller's settings for these models (`interval_s` overrides the file's)."""
+        """The controller's settings for the kept models (`interval_s` overrides the file's)."""
         return ControllerConfig(
-            workloads=[m.workload for m in self.models],
+            workloads=[m.workload for m in self.kept],
             engine="",
             policy=self.policy,
             interval_s=self.interval_s if interval_s is None else interval_s,
@@ -119,7 +133,7 @@ def _model(raw: Any, where: str, base: Path) -> CatalogModel:
         if not isinstance(engine, str) or not isinstance(options, Mapping):
             raise ConfigError(f"{where}: 'engine' must be a name and 'options' a mapping")
         launch = {"engine": engine, "options": dict(options)}
-    workload = raw.get("workload")
+    workload = raw.get("workload", {"rate": 0} if "serverless" in raw else None)
     if not isinstance(workload, Mapping) or "rate" not in workload:
         raise ConfigError(f"{where}: 'workload' needs at least a rate (requests per second)")
     unknown = set(workload) - _WORKLOAD_KEYS
@@ -130,17 +144,57 @@ def _model(raw: Any, where: str, base: Path) -> CatalogModel:
     rate = _number(workload, "rate", f"{where}.workload", 0.0, positive=False)
     if rate < 0:
         raise ConfigError(f"{where}.workload: rate must be >= 0")
+    work = Workload(
+        config,
+        rate,
+        LengthDist.parse(workload.get("input", 512), f"{where}.workload.input"),
+        LengthDist.parse(workload.get("output", 256), f"{where}.workload.output"),
+    )
+    serverless = None
+    if "serverless" in raw:
+        serverless = _serverless(raw["serverless"], f"{where}.serverless", model_id, config, launch, work)
     return CatalogModel(
         id=model_id,
         config=config,
         launch=launch,
-        workload=Workload(
-            config,
-            rate,
-            LengthDist.parse(workload.get("input", 512), f"{where}.workload.input"),
-            LengthDist.parse(workload.get("output", 256), f"{where}.workload.output"),
-        ),
+        workload=work,
         observe=bool(workload.get("observe", True)),
+        serverless=serverless,
+    )
+
+
+def _serverless(
+    raw: Any, where: str, model_id: str, config: str, launch: Mapping[str, Any], work: Workload
+) -> ServerlessModel:
+    """A model's `serverless:` section (true, or a mapping of its settings)."""
+    if raw is True:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected true or a mapping of {sorted(_SERVERLESS_KEYS)}")
+    unknown = set(raw) - _SERVERLESS_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown fields {sorted(unknown)}; known: {sorted(_SERVERLESS_KEYS)}")
+    if "memory_mib" in raw:
+        memory = int(_number(raw, "memory_mib", where, 1))
+    else:
+        # Eq. 2 of LLM-Mesh at one request, from the model's shape and its declared lengths.
+        spec = load_model(config)
+        weights = str(raw.get("weights", "fp16"))
+        if weights not in BYTES_PER_ELEMENT:
+            raise ConfigError(f"{where}: weights {weights!r} unknown; known: {', '.join(BYTES_PER_ELEMENT)}")
+        memory = instance_memory_mib(
+            spec.weight_bytes(weights),
+            spec.kv_bytes_per_token(),
+            work.input.mean,
+            work.output.mean,
+            _number(raw, "l_min", where, float(spec.max_positions)),
+        )
+    return ServerlessModel(
+        id=model_id,
+        launch=launch,
+        memory_mib=memory,
+        keep_alive_s=_number(raw, "keep_alive_s", where, 60.0),
+        cold_start_timeout_s=_number(raw, "cold_start_timeout_s", where, 300.0),
     )
 
 
@@ -155,7 +209,8 @@ def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = 
     models = [_model(m, f"{where}: models[{i}]", base) for i, m in enumerate(raw["models"])]
     for key in ("id", "config"):
         seen: set[str] = set()
-        for m in models:
+        # Placement knows kept models by their config; serverless ones may share one.
+        for m in models if key == "id" else [m for m in models if m.serverless is None]:
             if getattr(m, key) in seen:
                 raise ConfigError(
                     f"{where}: two models share the {key} {getattr(m, key)!r}"

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
-from opentela._types import PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
+from opentela._types import PROTO_DEMAND, PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
 from opentela.engines.simulated import SimulatedConfig, SimulatedServer
 from opentela.errors import OpenTelaError, PeerUnreachableError
 from opentela.fabric.memory import memory_stream_pair
+from opentela.fabric.messages import read_msg, write_msg
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.app import Gateway
 from opentela.node.http_service import LocalEngineProxy
@@ -58,6 +59,9 @@ class InProcessMesh:
         self.dispatched: list[str] = []
         self.failures: list[tuple[str, str]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self.demand: Callable[[str], Awaitable[dict[str, Any]]] | None = None
+        """A fleet controller's answer to a want (None: the mesh has no controller)."""
+        self.wants: list[str] = []
 
     def add(self, rec: NodeRecord, engine_url: str | None) -> NodeRecord:
         """A replica whose engine answers at `engine_url` (None: a node whose engine is not serving)."""
@@ -98,6 +102,27 @@ class InProcessMesh:
 
     def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
         self.failures.append((target.session_id, error.code))
+
+    def controllers(self) -> list[NodeRecord]:
+        if self.demand is None:
+            return []
+        return [record("controller", lifecycle=Lifecycle.JOIN, model="-")]
+
+    async def open_demand_stream(self, peer_id: PeerId, timeout: float) -> Stream:
+        assert self.demand is not None
+        demand = self.demand
+        ours, theirs = memory_stream_pair(PROTO_DEMAND, self.peer_id, peer_id)
+
+        async def answer() -> None:
+            want = await read_msg(theirs)
+            self.wants.append(want["model"])
+            await write_msg(theirs, await demand(want["model"]))
+            await theirs.write_eof()
+
+        task = asyncio.create_task(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return ours
 
     def table(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.records.values()]

@@ -7,7 +7,8 @@ import time
 from aiohttp import web
 
 from opentela import openai_edge as edge
-from opentela.gateway.call import Call
+from opentela.errors import ModelNotFoundError, NoHealthyReplicaError
+from opentela.gateway.call import Call, parse_body
 from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, state_of
 
 
@@ -33,7 +34,14 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     st = state_of(request)
     forwarder = st.forwarder
     raw = await request.read()
-    call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
+    try:
+        call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
+    except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
+        # A serverless model with no live replica: wait while a controller starts one (gateway/hold.py).
+        if not st.hold.may_hold():
+            raise
+        await st.hold.wait(parse_body(raw).model, no_replica)
+        call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
     request[CALL_KEY] = call
     with call:
         body = await forwarder.dispatch(call)

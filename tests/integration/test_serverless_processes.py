@@ -1,0 +1,130 @@
+"""Serverless models with real processes: an ingress, `otela controller` with a catalog of serverless models and
+two CPU workers with no engine. The first request after a model is cold is held at the ingress while the
+controller starts an instance on a worker with room; after the keep-alive the worker stops it and its memory is
+free again; two models share one worker and serve at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from opentela.cli.localmesh import OTELA, LocalMesh, NodeProcess
+from opentela.fabric.identity import Identity
+
+pytestmark = pytest.mark.integration
+
+SIMULATED = [
+    sys.executable,
+    "-m",
+    "opentela",
+    "engine",
+    "simulated",
+    "--port",
+    "{port}",
+    "--model",
+    "{model}",
+]
+KEEP_ALIVE_S = 3.0
+COLD_START_BOUND_S = 30.0
+"""What the test allows a cold start of the simulated engine (measured here: about 1-2 s, mostly Python start-up)."""
+
+
+def write_catalog(path: Path) -> Path:
+    models = [
+        {
+            "id": name,
+            "config": "SmolLM2-135M-Instruct",
+            "command": SIMULATED,
+            "serverless": {"keep_alive_s": KEEP_ALIVE_S, "memory_mib": 600},
+        }
+        for name in ("sim-a", "sim-b")
+    ]
+    path.write_text(yaml.safe_dump({"models": models, "planning": {"interval_s": 5}}))
+    return path
+
+
+def worker_config(path: Path, memory_mib: int) -> Path:
+    path.write_text(f"[node]\nengine_memory_mib = {memory_mib}\n")
+    return path
+
+
+async def chat(mesh: LocalMesh, model: str) -> tuple[int, dict[str, Any], str]:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
+    async with mesh.http().post(f"{mesh.api}/chat/completions", json=body) as resp:
+        return resp.status, json.loads(await resp.read()), resp.headers.get("X-Otela-Provider", "")
+
+
+async def models_of(mesh: LocalMesh) -> dict[str, list[str]]:
+    table = await mesh.get_json("/dnt/table") or []
+    return {
+        r["provider_id"]: [m["id"] for m in r["models"]]
+        for r in table
+        if r["lifecycle"] in ("JOIN", "SERVING")
+    }
+
+
+@pytest.mark.timeout(300)
+async def test_cold_start_on_demand_keep_alive_and_sharing(tmp_path: Path) -> None:
+    key = tmp_path / "controller.key"
+    controller_id = Identity.load_or_create(key).peer_id
+    catalog = write_catalog(tmp_path / "catalog.yaml")
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        # Only "big" has room for two instances; "small" has room for none.
+        for name, memory in (("big", 2000), ("small", 500)):
+            config = worker_config(tmp_path / f"{name}.toml", memory)
+            await mesh.add_worker(name, None, "--controllers", controller_id, "--config", str(config))
+
+        async def workers_up() -> bool:
+            return {"big", "small"} <= set(await models_of(mesh))
+
+        await mesh.wait_for(workers_up, timeout=60, what="two idle workers")
+        # Before any controller: an unknown model is a plain 404.
+        status, body, _ = await chat(mesh, "sim-a")
+        assert status == 404, body
+        argv = [*OTELA, "controller", "--ingress", mesh.api.removesuffix("/v1"), "--catalog", str(catalog)]
+        controller = NodeProcess(
+            "controller",
+            [*argv, "--key-file", str(key), "--listen", "127.0.0.1:0"],
+            mesh.logs / "controller.log",
+        )
+        mesh.nodes["controller"] = controller
+        await controller.start()
+
+        async def controller_known() -> bool:
+            table = await mesh.get_json("/dnt/table") or []
+            return any("controller" in r["roles"] for r in table if r["lifecycle"] in ("JOIN", "SERVING"))
+
+        await mesh.wait_for(controller_known, timeout=60, what="the controller's record at the ingress")
+
+        # Cold: the request is held while the instance starts, then answered by it.
+        started = time.monotonic()
+        status, body, provider = await chat(mesh, "sim-a")
+        cold = time.monotonic() - started
+        assert status == 200, body
+        print(f"cold start through the ingress: {cold:.2f} s")
+        assert body["model"] == "sim-a" and provider == "big" and cold < COLD_START_BOUND_S
+        # Warm: no wait.
+        started = time.monotonic()
+        assert (await chat(mesh, "sim-a"))[0] == 200 and time.monotonic() - started < 2.0
+        # A second model joins it on the same worker; both serve at once.
+        results = await asyncio.gather(chat(mesh, "sim-b"), chat(mesh, "sim-a"), chat(mesh, "sim-b"))
+        assert [r[0] for r in results] == [200, 200, 200] and {r[2] for r in results} == {"big"}
+        assert sorted((await models_of(mesh))["big"]) == ["sim-a", "sim-b"]
+        assert "cold start done" in controller.log_text()
+
+        # After the keep-alive both are stopped by the worker and its memory is free again.
+        async def recycled() -> bool:
+            return (await models_of(mesh)).get("big") == []
+
+        await mesh.wait_for(recycled, timeout=KEEP_ALIVE_S + 20, what="the keep-alive to stop both instances")
+        status, body, provider = await chat(mesh, "sim-b")
+        assert status == 200 and provider == "big", body
+        assert controller.exited() is None, controller.log_tail()
