@@ -6,12 +6,16 @@ free again; two models share one worker and serve at once."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -128,3 +132,150 @@ async def test_cold_start_on_demand_keep_alive_and_sharing(tmp_path: Path) -> No
         status, body, provider = await chat(mesh, "sim-b")
         assert status == 200 and provider == "big", body
         assert controller.exited() is None, controller.log_tail()
+
+
+# The simulated engine, 4 s late to start: a cold start long enough to kill its node in the middle of.
+LATE_START = (
+    "import runpy, sys, time; time.sleep(4); sys.argv = sys.argv[1:]; "
+    "runpy.run_module('opentela', run_name='__main__')"
+)
+SLOW = [
+    sys.executable,
+    "-c",
+    LATE_START,
+    "otela",
+    "engine",
+    "simulated",
+    "--port",
+    "{port}",
+    "--model",
+    "{model}",
+]
+
+
+@contextlib.asynccontextmanager
+async def serverless_mesh(
+    tmp_path: Path, models: list[dict[str, Any]], workers: dict[str, int]
+) -> AsyncIterator[tuple[LocalMesh, NodeProcess]]:
+    """An ingress, workers lending the given memory (MiB), and a controller with `models` as its catalog."""
+    key = tmp_path / "controller.key"
+    controller_id = Identity.load_or_create(key).peer_id
+    catalog = tmp_path / "catalog.yaml"
+    catalog.write_text(yaml.safe_dump({"models": models, "planning": {"interval_s": 5}}))
+    async with LocalMesh(tmp_path) as mesh:
+        await mesh.start_ingress()
+        for name, memory in workers.items():
+            config = worker_config(tmp_path / f"{name}.toml", memory)
+            await mesh.add_worker(name, None, "--controllers", controller_id, "--config", str(config))
+        argv = [*OTELA, "controller", "--ingress", mesh.api.removesuffix("/v1"), "--catalog", str(catalog)]
+        controller = NodeProcess(
+            "controller",
+            [*argv, "--key-file", str(key), "--listen", "127.0.0.1:0"],
+            mesh.logs / "controller.log",
+        )
+
+        async def all_up() -> bool:
+            table = await mesh.get_json("/dnt/table") or []
+            live = [r for r in table if r["lifecycle"] in ("JOIN", "SERVING")]
+            return set(workers) <= {r["provider_id"] for r in live} and any(
+                "controller" in r["roles"] for r in live
+            )
+
+        await controller.start()
+        mesh.nodes["controller"] = controller
+        await mesh.wait_for(all_up, timeout=60, what="the workers and the controller at the ingress")
+        yield mesh, controller
+
+
+@pytest.mark.timeout(300)
+async def test_a_node_dying_during_a_cold_start_is_replaced(tmp_path: Path) -> None:
+    model = {
+        "id": "slow",
+        "config": "SmolLM2-135M-Instruct",
+        "command": SLOW,
+        "serverless": {"memory_mib": 600},
+    }
+    async with serverless_mesh(tmp_path, [model], {"w1": 1000, "w2": 1000}) as (mesh, controller):
+        request = asyncio.create_task(chat(mesh, "slow"))
+
+        async def starting_on() -> str | None:
+            table = await mesh.get_json("/dnt/table") or []
+            return next(
+                (r["provider_id"] for r in table if str(r["reason"]).startswith("starting slow")), None
+            )
+
+        doomed = await mesh.wait_for(starting_on, timeout=30, what="the cold start to begin")
+        mesh.nodes[doomed].signal(signal.SIGKILL, group=True)
+        status, body, provider = await asyncio.wait_for(request, 120)
+        assert status == 200, body
+        assert provider == ({"w1", "w2"} - {doomed}).pop()
+        assert "cold start failed" in controller.log_text()
+
+
+@pytest.mark.timeout(300)
+async def test_without_its_controller_a_warm_model_serves_and_is_still_recycled(tmp_path: Path) -> None:
+    model = {
+        "id": "sim-a",
+        "config": "SmolLM2-135M-Instruct",
+        "command": SIMULATED,
+        "serverless": {"memory_mib": 600, "keep_alive_s": KEEP_ALIVE_S},
+    }
+    async with serverless_mesh(tmp_path, [model], {"w1": 1000}) as (mesh, controller):
+        assert (await chat(mesh, "sim-a"))[0] == 200
+        controller.signal(signal.SIGKILL)
+        await controller.wait(10)
+        assert (await chat(mesh, "sim-a"))[0] == 200  # the instance needs no controller to serve
+
+        async def recycled() -> bool:
+            return (await models_of(mesh)).get("w1") == []
+
+        await mesh.wait_for(recycled, timeout=KEEP_ALIVE_S + 20, what="the node's own keep-alive stop")
+        # Cold again and no controller to start it: an answer at once, not a hold.
+        started = time.monotonic()
+        status, body, _ = await chat(mesh, "sim-a")
+        assert status in (404, 503) and time.monotonic() - started < 15, body
+
+
+def engine_children(worker: NodeProcess) -> list[str]:
+    """Command lines of the engine processes a worker runs."""
+    pid = worker.pid
+    assert pid is not None
+    return [
+        " ".join(c.cmdline()) for c in psutil.Process(pid).children(recursive=True) if "engine" in c.cmdline()
+    ]
+
+
+@pytest.mark.timeout(300)
+async def test_smollm2_starts_on_demand_beside_a_simulated_model_and_goes_after_its_keep_alive(
+    tmp_path: Path,
+) -> None:
+    models = [
+        {
+            "id": "SmolLM2-135M-Instruct",
+            "engine": "embedded",
+            "options": {"threads": 1},
+            "serverless": {"keep_alive_s": 4},
+        },
+        {
+            "id": "sim-b",
+            "config": "SmolLM2-135M-Instruct",
+            "command": SIMULATED,
+            "serverless": {"memory_mib": 600, "keep_alive_s": 4},
+        },
+    ]
+    async with serverless_mesh(tmp_path, models, {"cpu": 2000}) as (mesh, _controller):
+        started = time.monotonic()
+        status, body, provider = await chat(mesh, "SmolLM2-135M-Instruct")
+        cold = time.monotonic() - started
+        print(f"SmolLM2 cold start through the ingress: {cold:.2f} s")
+        assert status == 200 and provider == "cpu", body
+        assert body["choices"][0]["message"]["content"].strip() and cold < 60
+        both = await asyncio.gather(chat(mesh, "sim-b"), chat(mesh, "SmolLM2-135M-Instruct"))
+        assert [b[0] for b in both] == [200, 200] and {b[2] for b in both} == {"cpu"}
+        assert sorted((await models_of(mesh))["cpu"]) == ["SmolLM2-135M-Instruct", "sim-b"]
+        assert len(engine_children(mesh.nodes["cpu"])) == 2
+
+        async def recycled() -> bool:
+            return (await models_of(mesh)).get("cpu") == [] and not engine_children(mesh.nodes["cpu"])
+
+        await mesh.wait_for(recycled, timeout=60, what="both engines stopped and their processes gone")
