@@ -21,7 +21,7 @@ class GatewayConfig:
         default="random",
         metadata={
             "help": "Routing policy: `random`, `round_robin`, `weighted`, `least_loaded`, "
-            "`least_loaded_tokens`, or an operator's `module:Class`."
+            "`least_loaded_tokens`, `slo_headroom`, or an operator's `module:Class`."
         },
     )
     request_policies: tuple[str, ...] = field(
@@ -47,6 +47,20 @@ class GatewayConfig:
         metadata={
             "help": "`MODEL=N` entries: the largest `max_tokens` accepted for MODEL, in place of its context "
             "length."
+        },
+    )
+    profiles_dir: str = field(
+        default="",
+        metadata={
+            "help": "Directory of performance profiles (`otela profile` files) that `slo_headroom` validates "
+            "against, matched to replicas by the profile id their nodes publish; empty: none."
+        },
+    )
+    slos: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`MODEL=TTFT_S,TPOT_S` entries: the SLOs `slo_headroom` holds requests of MODEL to; other "
+            "models get LLM-Mesh's max(2, prompt/512) s to first token and 0.25 s per token."
         },
     )
     cold_start_timeout: float = field(

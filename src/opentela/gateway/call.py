@@ -34,6 +34,8 @@ class ParsedBody:
     raw: bytes
     asked_output: tuple[str, float] | None = None
     """The output bound the body sets (`max_completion_tokens` or `max_tokens`) and its value."""
+    input_tokens: int = 0
+    """Estimated prompt tokens (part of `tokens`)."""
 
 
 def parse_body(raw: bytes) -> ParsedBody:
@@ -51,8 +53,9 @@ def parse_body(raw: bytes) -> ParsedBody:
         else:
             del payload["metadata"]
         raw = json.dumps(payload).encode()
+    prompt = edge.estimate_input_tokens(payload)
     return ParsedBody(
-        model, stream, ours, edge.estimate_request_tokens(payload), raw, requested_output(payload)
+        model, stream, ours, prompt + edge.output_allowance(payload), raw, requested_output(payload), prompt
     )
 
 

@@ -118,7 +118,14 @@ class Forwarder:
         payload = encode_request(
             TunnelRequest("POST", path, body.raw, request_id, forwarded, self.config.server_timing)
         )
-        routed = RoutedRequest(request_id, body.model, body.stream, len(body.raw), tokens=body.tokens)
+        routed = RoutedRequest(
+            request_id,
+            body.model,
+            body.stream,
+            len(body.raw),
+            tokens=body.tokens,
+            input_tokens=body.input_tokens,
+        )
         call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at)
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)

@@ -23,6 +23,8 @@ from opentela.gateway.mesh import Mesh
 
 logger = logging.getLogger(__name__)
 
+SCALE_OUT_EVERY_S = 10.0
+"""At most one request for another instance of a model per this many seconds."""
 POLL_S = 0.05
 REASK_EVERY_S = 5.0
 ASK_TIMEOUT_S = 10.0
@@ -36,6 +38,8 @@ class ColdStartHold:
         self.held = 0
         self.cold_starts: dict[str, float] = {}
         """Seconds the last held request of each model waited for its replica."""
+        self._scaled_out: dict[str, float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"<ColdStartHold held={self.held}>"
@@ -81,13 +85,33 @@ class ColdStartHold:
         finally:
             self.held -= 1
 
-    async def _ask(self, model: str) -> dict[str, Any] | None:
+    def scale_out(self, model: str) -> None:
+        """Ask a controller, in the background, for one more instance of `model` (its replicas are full)."""
+        now = time.monotonic()
+        if (
+            now - self._scaled_out.get(model, -SCALE_OUT_EVERY_S) < SCALE_OUT_EVERY_S
+            or not self.mesh.controllers()
+        ):
+            return
+        self._scaled_out[model] = now
+
+        async def ask() -> None:
+            answer = await self._ask(model, more=True)
+            logger.info("asked for another instance", extra={"model": model, "answer": str(answer)[:200]})
+
+        task = asyncio.get_running_loop().create_task(ask())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _ask(self, model: str, more: bool = False) -> dict[str, Any] | None:
         """A controller's answer to a want for `model` (the first that answers), or None if none does."""
         for controller in self.mesh.controllers():
             try:
                 stream = await self.mesh.open_demand_stream(controller.peer_id, ASK_TIMEOUT_S)
                 try:
-                    await write_msg(stream, {"op": "want", "model": model})
+                    await write_msg(
+                        stream, {"op": "want", "model": model, **({"more": True} if more else {})}
+                    )
                     await stream.write_eof()
                     answer = await asyncio.wait_for(read_msg(stream), ASK_TIMEOUT_S)
                 finally:

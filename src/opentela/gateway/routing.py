@@ -69,10 +69,10 @@ class Router:
         self.mesh = mesh
         self.config = config
         self.health = health or ReplicaHealth(config.cooldown_failures, config.cooldown_seconds)
-        self.default_policy = create_policy(config.policy)
+        self.default_policy = create_policy(config.policy, config)
         self.policies: dict[str, RoutingPolicy] = {config.policy.lower(): self.default_policy}
         for name in config.request_policies:
-            self.policies.setdefault(name.lower(), create_policy(name))
+            self.policies.setdefault(name.lower(), create_policy(name, config))
         self._hooks = tuple(self.policies.values())
         self._default_routing = RequestRouting(
             frozenset(config.trusted_providers) or None, (), self.default_policy, config.policy.lower()

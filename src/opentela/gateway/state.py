@@ -33,7 +33,11 @@ class GatewayState:
         metrics = GatewayMetrics()
         router = Router(mesh, config)
         forwarder = Forwarder(config, router, mesh.open_http_stream, metrics, mesh.report_failure)
-        return cls(config, mesh, router, forwarder, metrics, ColdStartHold(mesh, config))
+        hold = ColdStartHold(mesh, config)
+        for policy in router.policies.values():
+            if hasattr(policy, "on_overload"):
+                policy.on_overload = hold.scale_out  # e.g. slo_headroom, when no replica can take more
+        return cls(config, mesh, router, forwarder, metrics, hold)
 
 
 STATE_KEY: web.AppKey[GatewayState] = web.AppKey("otela_gateway", GatewayState)

@@ -2,7 +2,8 @@
 keep-alive (LLM-Mesh's sections 4 and 6, as the mesh runs them).
 
 An ingress that holds a request for a serverless model with no live replica asks a controller over
-/otela/demand/1 (``{"op": "want", "model": M}``). The controller answers at once: ``warm`` (a replica serves it),
+/otela/demand/1 (``{"op": "want", "model": M}``; with ``"more": true`` when its replicas are all full, for one more
+instance on another node). The controller answers at once: ``warm`` (a replica serves it),
 ``starting`` (an instance is on its way, on which node, since when), or an error (``unknown_model``: not a
 serverless model of this catalog; ``no_room``: no node has the memory now). To start one it picks a node: CPU
 nodes first, then GPU nodes; among them the one the instance fills best (the least room left after it, so
@@ -159,8 +160,9 @@ class ServerlessController:
                     },
                 )
 
-    async def want(self, model: str) -> dict[str, Any]:
-        """The answer to a want for `model` (starting an instance when none serves or starts)."""
+    async def want(self, model: str, more: bool = False) -> dict[str, Any]:
+        """The answer to a want for `model`: start an instance when none serves or starts, or with `more` (its
+        replicas are full) one more on a node that does not run it yet."""
         spec = self.models.get(model)
         if spec is None:
             return {
@@ -171,23 +173,21 @@ class ServerlessController:
         async with self._locks.setdefault(model, asyncio.Lock()):
             records = self.records()
             self.settle(records)
-            if any(
-                m.id == model
-                for r in records
-                if Lifecycle(r.lifecycle) == Lifecycle.SERVING
-                for m in r.models
-            ):
-                return {"ok": True, "state": "warm"}
+            running = [r.peer_id for r in records if any(m.id == model for m in r.models)]
             start = self.starting.get(model)
             if start is not None:
                 return self._starting_answer(model, start)
-            return await self._start(spec, records)
+            if running and not more:
+                return {"ok": True, "state": "warm"}
+            return await self._start(spec, records, running)
 
-    async def _start(self, spec: ServerlessModel, records: Sequence[Any]) -> dict[str, Any]:
+    async def _start(
+        self, spec: ServerlessModel, records: Sequence[Any], running: Sequence[str]
+    ) -> dict[str, Any]:
         reserved: dict[str, int] = {}
         for s in self.starting.values():
             reserved[s.peer_id] = reserved.get(s.peer_id, 0) + s.memory_mib
-        tried: list[str] = []
+        tried: list[str] = list(running)
         last_error = "no node lends engine memory"
         for _ in range(ASSIGN_TRIES):
             node = choose_node(records, spec.memory_mib, reserved, tried)
@@ -247,7 +247,7 @@ class ServerlessController:
                 stream, {"ok": False, "code": "bad_request", "error": "expected {op: want, model: M}"}
             )
             return
-        await _answer(stream, await self.want(message["model"]))
+        await _answer(stream, await self.want(message["model"], more=bool(message.get("more"))))
 
     def state(self) -> dict[str, dict[str, Any]]:
         """Per serverless model: cold, starting or warm, its replicas and its last cold start (dashboards)."""

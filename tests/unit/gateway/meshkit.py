@@ -62,6 +62,8 @@ class InProcessMesh:
         self.demand: Callable[[str], Awaitable[dict[str, Any]]] | None = None
         """A fleet controller's answer to a want (None: the mesh has no controller)."""
         self.wants: list[str] = []
+        self.more: list[str] = []
+        """Models a want asked one more instance of."""
 
     def add(self, rec: NodeRecord, engine_url: str | None) -> NodeRecord:
         """A replica whose engine answers at `engine_url` (None: a node whose engine is not serving)."""
@@ -116,6 +118,8 @@ class InProcessMesh:
         async def answer() -> None:
             want = await read_msg(theirs)
             self.wants.append(want["model"])
+            if want.get("more"):
+                self.more.append(want["model"])
             await write_msg(theirs, await demand(want["model"]))
             await theirs.write_eof()
 

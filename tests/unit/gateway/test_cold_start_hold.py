@@ -82,3 +82,20 @@ async def test_no_room_and_a_full_queue_answer_503_at_once() -> None:
         assert status == 503 and "already wait" in json.loads(body)["error"]["message"]
         assert time.monotonic() - started < 0.5
         assert (await first)[0] == 503
+
+
+async def test_replicas_all_full_make_the_gateway_ask_for_one_more_instance() -> None:
+    async with gateway_kit(policy="slo_headroom") as kit:
+
+        async def warm(model: str) -> dict[str, Any]:
+            return {"ok": True, "state": "starting"}
+
+        kit.mesh.demand = warm
+        await kit.replica("a")  # no profile: nothing validates, so the policy asks for more and serves anyway
+        statuses = [(await kit.post(chat()))[0] for _ in range(3)]
+        assert statuses == [200, 200, 200]
+        for _ in range(100):
+            if kit.mesh.more:
+                break
+            await asyncio.sleep(0.02)
+        assert kit.mesh.more == [MODEL]  # once, however many requests found it full

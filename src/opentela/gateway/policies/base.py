@@ -21,6 +21,8 @@ class RoutedRequest:
     attrs: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0
     """Estimated prompt plus output tokens: what the request will cost the replica that serves it."""
+    input_tokens: int = 0
+    """Estimated prompt tokens (part of `tokens`)."""
 
 
 class RoutingPolicy(Protocol):
@@ -44,6 +46,7 @@ POLICIES: Registry[type[RoutingPolicy]] = Registry(
         "opentela.gateway.policies.round_robin_policy",
         "opentela.gateway.policies.weighted_policy",
         "opentela.gateway.policies.least_loaded_policy",
+        "opentela.gateway.policies.slo_headroom_policy",
     ),
     entry_point_group="opentela.routing_policies",
 )
@@ -52,6 +55,11 @@ register_policy = POLICIES.register
 """Class decorator registering a routing policy under its config name; a duplicate name raises PluginError."""
 
 
-def create_policy(name: str, **options: Any) -> RoutingPolicy:
-    """Instantiate a built-in policy by name, or an operator's class by `module:Class` import path."""
-    return POLICIES.get(name)(**options)
+def create_policy(name: str, config: Any = None, **options: Any) -> RoutingPolicy:
+    """Instantiate a built-in policy by name, or an operator's class by `module:Class` import path; a class with
+    a `from_config(config, **options)` classmethod is built from the gateway's configuration."""
+    cls = POLICIES.get(name)
+    from_config = getattr(cls, "from_config", None)
+    if config is not None and from_config is not None:
+        return from_config(config, **options)  # type: ignore[no-any-return]
+    return cls(**options)
