@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -227,3 +228,30 @@ async def test_an_engine_with_a_keep_alive_is_stopped_once_idle_and_only_then(
         assert len(agent.engines) == 0 and agent.exit_code is None
         bigger = {"op": "assign", "model": "sim-l", "command": SIMULATED, "memory_mib": 1000}
         assert (await send(controller_host, agent, bigger))["ok"]
+
+
+async def test_a_shared_engine_that_dies_is_dropped_alone(tmp_path: Path, controller_host: Host) -> None:
+    node = NodeConfig(
+        listen="127.0.0.1:0",
+        controllers=(controller_host.peer_id,),
+        reachability="public",
+        health_interval=0,
+        ready_timeout=60,
+        engine_memory_mib=2000,
+    )
+    async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
+        assert agent.registry is not None
+        for model in ("sim-a", "sim-b"):
+            message = {"op": "assign", "model": model, "command": SIMULATED, "memory_mib": 500}
+            assert (await send(controller_host, agent, message))["ok"]
+        await until(lambda: set(agent.registry.local.model_ids) == {"sim-a", "sim-b"}, 60, "both serving")
+        pid = next(r for r in agent.engines if "sim-a" in r.model_ids).supervisor.pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await until(lambda: agent.registry.local.model_ids == ("sim-b",), 30, "sim-a dropped")
+        assert agent.registry.local.reason.startswith("engine of sim-a lost")
+        assert agent.exit_code is None and agent.registry.local.lifecycle == Lifecycle.SERVING
+        assert (await ask(agent, "sim-b"))["model"] == "sim-b"
+        # Its memory is free again.
+        again = {"op": "assign", "model": "sim-c", "command": SIMULATED, "memory_mib": 1500}
+        assert (await send(controller_host, agent, again))["ok"]

@@ -284,6 +284,7 @@ class NodeAgent:
             on_fatal=self.fail_stop,
             on_not_served=self._assignment_failed if assigned else None,
             on_task_error=self._task_failed,
+            on_lost=self._shared_engine_lost,
         )
 
     def _engine_serving(self, runner: EngineRunner, models: tuple[ModelEntry, ...]) -> None:
@@ -356,6 +357,16 @@ class NodeAgent:
             self.registry.update_local(models=self.engines.serving_models(), reason=f"{why}: {model}"[:512])
         self._tasks.spawn(runner.aclose(), f"stop-{model}"[:64])
         return True
+
+    async def _shared_engine_lost(self, runner: EngineRunner, reason: str) -> None:
+        """An engine sharing this node failed after serving: take it off the record, keep the others."""
+        assert self.registry is not None
+        self.engines.forget(runner)
+        models = ",".join(sorted(runner.model_ids))
+        self.registry.update_local(
+            models=self.engines.serving_models(), reason=f"engine of {models} lost: {reason}"[:512]
+        )
+        self._tasks.spawn(runner.aclose(), f"stop-lost-{models}"[:64])
 
     async def _assignment_failed(self, runner: EngineRunner, reason: str) -> None:
         """An assigned engine never served (its runner stopped it): forget it and say why in our record."""

@@ -70,12 +70,14 @@ class EngineRunner:
         on_fatal: OnFatal,
         on_not_served: OnNotServed | None = None,
         on_task_error: ErrorHandler = log_task_error,
+        on_lost: OnNotServed | None = None,
     ) -> None:
         self.spec = spec
         self.log_path = log_path
         self.config = config
         self._stop = stop
         self._on_serving, self._on_fatal, self._on_not_served = on_serving, on_fatal, on_not_served
+        self._on_lost = on_lost
         self.supervisor = EngineSupervisor(spec, log_path, ready_timeout=config.ready_timeout)
         self.ready = False
         self.retired = False
@@ -159,7 +161,20 @@ class EngineRunner:
         if fatal is not None:
             reason += f" after a fatal log line: {fatal}"
         logger.error("%s; marking this node DOWN", reason, extra={"log": str(self.log_path)})
-        await self._on_fatal(reason, EXIT_ENGINE_DIED)
+        await self._lost(reason, EXIT_ENGINE_DIED)
+
+    async def _lost(self, reason: str, code: int) -> None:
+        """A serving engine failed: one that shares the node (it has a memory footprint) is dropped alone and the
+        node goes on with its others; the node's only engine takes the node down with it (fail-stop)."""
+        if self.memory_mib is not None and self._on_lost is not None:
+            logger.error(
+                "engine of %s lost; the node's other engines go on: %s", sorted(self.model_ids), reason
+            )
+            self.retire()
+            # The node stops it (from its own tasks: this may run in one of the watchers aclose() cancels).
+            await self._on_lost(self, reason)
+            return
+        await self._on_fatal(reason, code)
 
     async def _not_served(self, reason: str) -> None:
         if self._on_not_served is None:
@@ -172,7 +187,7 @@ class EngineRunner:
     async def _watch_log(self, watch: FatalLogWatch) -> None:
         line = await watch.watch()
         logger.error("fatal line in the engine log: %s", line, extra={"log": str(watch.path)})
-        await self._on_fatal(f"fatal engine log line: {line}", EXIT_FATAL_LOG_LINE)
+        await self._lost(f"fatal engine log line: {line}", EXIT_FATAL_LOG_LINE)
 
     async def _watch_health(self) -> None:
         cfg = self.config
@@ -185,7 +200,7 @@ class EngineRunner:
                 unhealthy_limit=cfg.unhealthy_limit,
             )
         logger.error("%s: fail-stop", reason, extra={"url": url})
-        await self._on_fatal(reason, EXIT_ENGINE_UNHEALTHY)
+        await self._lost(reason, EXIT_ENGINE_UNHEALTHY)
 
     async def aclose(self) -> None:
         """Stop watching and stop the engine (SIGTERM, then SIGKILL after the node's `stop_timeout`)."""
