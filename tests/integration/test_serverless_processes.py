@@ -6,14 +6,10 @@ free again; two models share one worker and serve at once."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -21,20 +17,10 @@ import yaml
 
 from opentela.cli.localmesh import OTELA, LocalMesh, NodeProcess
 from opentela.fabric.identity import Identity
+from serverless_kit import SIMULATED, chat, models_of, serverless_mesh, worker_config
 
 pytestmark = pytest.mark.integration
 
-SIMULATED = [
-    sys.executable,
-    "-m",
-    "opentela",
-    "engine",
-    "simulated",
-    "--port",
-    "{port}",
-    "--model",
-    "{model}",
-]
 KEEP_ALIVE_S = 3.0
 COLD_START_BOUND_S = 30.0
 """What the test allows a cold start of the simulated engine (measured here: about 1-2 s, mostly Python start-up)."""
@@ -52,26 +38,6 @@ def write_catalog(path: Path) -> Path:
     ]
     path.write_text(yaml.safe_dump({"models": models, "planning": {"interval_s": 5}}))
     return path
-
-
-def worker_config(path: Path, memory_mib: int) -> Path:
-    path.write_text(f"[node]\nengine_memory_mib = {memory_mib}\n")
-    return path
-
-
-async def chat(mesh: LocalMesh, model: str) -> tuple[int, dict[str, Any], str]:
-    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
-    async with mesh.http().post(f"{mesh.api}/chat/completions", json=body) as resp:
-        return resp.status, json.loads(await resp.read()), resp.headers.get("X-Otela-Provider", "")
-
-
-async def models_of(mesh: LocalMesh) -> dict[str, list[str]]:
-    table = await mesh.get_json("/dnt/table") or []
-    return {
-        r["provider_id"]: [m["id"] for m in r["models"]]
-        for r in table
-        if r["lifecycle"] in ("JOIN", "SERVING")
-    }
 
 
 @pytest.mark.timeout(300)
@@ -151,40 +117,6 @@ SLOW = [
     "--model",
     "{model}",
 ]
-
-
-@contextlib.asynccontextmanager
-async def serverless_mesh(
-    tmp_path: Path, models: list[dict[str, Any]], workers: dict[str, int]
-) -> AsyncIterator[tuple[LocalMesh, NodeProcess]]:
-    """An ingress, workers lending the given memory (MiB), and a controller with `models` as its catalog."""
-    key = tmp_path / "controller.key"
-    controller_id = Identity.load_or_create(key).peer_id
-    catalog = tmp_path / "catalog.yaml"
-    catalog.write_text(yaml.safe_dump({"models": models, "planning": {"interval_s": 5}}))
-    async with LocalMesh(tmp_path) as mesh:
-        await mesh.start_ingress()
-        for name, memory in workers.items():
-            config = worker_config(tmp_path / f"{name}.toml", memory)
-            await mesh.add_worker(name, None, "--controllers", controller_id, "--config", str(config))
-        argv = [*OTELA, "controller", "--ingress", mesh.api.removesuffix("/v1"), "--catalog", str(catalog)]
-        controller = NodeProcess(
-            "controller",
-            [*argv, "--key-file", str(key), "--listen", "127.0.0.1:0"],
-            mesh.logs / "controller.log",
-        )
-
-        async def all_up() -> bool:
-            table = await mesh.get_json("/dnt/table") or []
-            live = [r for r in table if r["lifecycle"] in ("JOIN", "SERVING")]
-            return set(workers) <= {r["provider_id"] for r in live} and any(
-                "controller" in r["roles"] for r in live
-            )
-
-        await controller.start()
-        mesh.nodes["controller"] = controller
-        await mesh.wait_for(all_up, timeout=60, what="the workers and the controller at the ingress")
-        yield mesh, controller
 
 
 @pytest.mark.timeout(300)

@@ -49,6 +49,7 @@ class Gateway:
         app.router.add_get("/v1/dnt/peers", infra.dnt_peers)
         app.router.add_get("/v1/dnt/bootstraps", infra.dnt_bootstraps)
         app.router.add_get("/v1/dnt/stats", infra.dnt_stats)
+        app.router.add_get("/v1/dnt/serverless", infra.dnt_serverless)
         app.router.add_get("/v1/health", infra.health)
         app.router.add_get("/metrics", infra.metrics)
         return app

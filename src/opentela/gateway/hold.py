@@ -59,7 +59,7 @@ class ColdStartHold:
         started = time.monotonic()
         deadline = started + self.config.cold_start_timeout
         try:
-            answer = await self._ask(model)
+            answer = await self._ask({"op": "want", "model": model})
             if answer is None or answer.get("code") == "unknown_model":
                 raise original
             if not answer.get("ok"):
@@ -76,7 +76,7 @@ class ColdStartHold:
                     )
                 if now - asked >= REASK_EVERY_S:
                     asked = now
-                    again = await self._ask(model)
+                    again = await self._ask({"op": "want", "model": model})
                     if again is not None and not again.get("ok") and again.get("code") != "unknown_model":
                         logger.warning("cold start of %s: %s", model, again.get("error"))
                 await asyncio.sleep(POLL_S)
@@ -96,22 +96,27 @@ class ColdStartHold:
         self._scaled_out[model] = now
 
         async def ask() -> None:
-            answer = await self._ask(model, more=True)
+            answer = await self._ask({"op": "want", "model": model, "more": True})
             logger.info("asked for another instance", extra={"model": model, "answer": str(answer)[:200]})
 
         task = asyncio.get_running_loop().create_task(ask())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _ask(self, model: str, more: bool = False) -> dict[str, Any] | None:
-        """A controller's answer to a want for `model` (the first that answers), or None if none does."""
+    async def catalog_state(self) -> dict[str, Any]:
+        """The serverless models of a controller's catalog and their state (cold, starting, warm; replicas; last
+        cold start); empty when no controller answers."""
+        answer = await self._ask({"op": "state"})
+        models = answer.get("models") if answer else None
+        return models if isinstance(models, dict) else {}
+
+    async def _ask(self, message: dict[str, Any]) -> dict[str, Any] | None:
+        """The first controller's answer to `message` over /otela/demand/1, or None if none answers."""
         for controller in self.mesh.controllers():
             try:
                 stream = await self.mesh.open_demand_stream(controller.peer_id, ASK_TIMEOUT_S)
                 try:
-                    await write_msg(
-                        stream, {"op": "want", "model": model, **({"more": True} if more else {})}
-                    )
+                    await write_msg(stream, message)
                     await stream.write_eof()
                     answer = await asyncio.wait_for(read_msg(stream), ASK_TIMEOUT_S)
                 finally:

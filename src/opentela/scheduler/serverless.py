@@ -238,6 +238,9 @@ class ServerlessController:
         except (ProtocolError, TimeoutError, asyncio.IncompleteReadError) as exc:
             await _answer(stream, {"ok": False, "code": "bad_request", "error": f"unreadable: {exc}"})
             return
+        if isinstance(message, dict) and message.get("op") == "state":
+            await _answer(stream, {"ok": True, "models": self.state()})
+            return
         if (
             not isinstance(message, dict)
             or message.get("op") != "want"

@@ -19,6 +19,7 @@ _MESH_VIEWS = {
     "peers": "/v1/dnt/peers",
     "stats": "/v1/dnt/stats",
     "health": "/v1/health",
+    "serverless": "/v1/dnt/serverless",
 }
 
 
@@ -42,7 +43,7 @@ async def require_member(request: Request) -> None:
 
 @router.get(
     "/api/mesh/{view}",
-    summary="Read-only mesh views: models, table, peers, stats, health (an API key or the admin token)",
+    summary="Read-only mesh views: models, table, peers, stats, health, serverless (an API key or the admin token)",
     dependencies=[Depends(require_member)],
 )
 async def mesh_view(request: Request, view: str) -> JSONResponse:

@@ -74,16 +74,46 @@ function hardwareText(hw) {
   return `CPU ${cpu || "?"}${threads ? ` (${threads} threads)` : ""}${ram}`;
 }
 
+function enginesText(r) {
+  // A node's engines, with the memory each takes and what the node lends, where they share it.
+  const models = r.models || [];
+  if (!models.length) return "-";
+  const parts = models.map((m) => {
+    const mib = m.settings && m.settings.memory_mib;
+    return mib ? `${m.id} (${mib} MiB)` : m.id;
+  });
+  const lent = r.hardware && r.hardware.engine_memory_mib;
+  const used = models.reduce((sum, m) => sum + ((m.settings && m.settings.memory_mib) || 0), 0);
+  return parts.join(", ") + (lent && used ? ` · ${used} of ${lent} MiB` : "");
+}
+
 async function loadModels() {
   const box = $("#models");
   try {
     if (!meshToken()) { box.innerHTML = `<p class="muted needs-key">${esc(NEEDS_KEY)}</p>`; return; }
-    const listing = await meshApi("/api/mesh/models");
+    const [listing, serverless] = await Promise.all([
+      meshApi("/api/mesh/models"),
+      // Older ingresses have no serverless view: the catalog then shows what is served.
+      meshApi("/api/mesh/serverless").then((r) => r.models || {}, () => ({})),
+    ]);
     const models = listing.data || [];
     fillModelSelect(models);
-    $("#models-summary").textContent = `${models.length} model${models.length === 1 ? "" : "s"} served`;
-    if (!models.length) { box.innerHTML = `<p class="muted">No model is being served right now.</p>`; return; }
-    box.innerHTML = models.map((m) => {
+    const served = new Set(models.map((m) => m.id));
+    const cold = Object.keys(serverless).filter((id) => !served.has(id)).sort();
+    const lazy = Object.keys(serverless).length;
+    $("#models-summary").textContent = `${models.length} model${models.length === 1 ? "" : "s"} served` +
+      (lazy ? `, ${lazy} serverless` : "");
+    if (!models.length && !cold.length) { box.innerHTML = `<p class="muted">No model is being served right now.</p>`; return; }
+    const lazyLine = (id) => {
+      const s = serverless[id];
+      if (!s) return "";
+      const last = s.last_cold_start_s == null ? "no cold start yet" : `last cold start ${s.last_cold_start_s.toFixed(1)} s`;
+      return `<div class="sub serverless"><span class="badge serverless-${esc(s.state)}">serverless · ${esc(s.state)}</span> ${esc(last)}</div>`;
+    };
+    const coldCards = cold.map((id) => `<article class="card model-card" data-model="${esc(id)}">
+        <h3>${esc(id)}</h3>${lazyLine(id)}
+        <div class="sub">no replica: started on the first request</div></article>`).join("");
+    box.innerHTML = coldCards + models.map((m) => {
       const healthy = m.replicas.filter((r) => r.state === "SERVING" && !r.suspected).length;
       const replicas = m.replicas.map((r) => `
         <div class="replica" data-session="${esc(r.session_id)}">
@@ -96,7 +126,7 @@ async function loadModels() {
         </div>`).join("");
       return `<article class="card model-card" data-model="${esc(m.id)}">
         <h3>${esc(m.id)}</h3>
-        <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy</div>
+        <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy</div>${lazyLine(m.id)}
         ${replicas}</article>`;
     }).join("");
   } catch (e) {
@@ -124,7 +154,7 @@ async function loadNodes() {
         <td data-label="Lifecycle"><span class="badge ${esc(r.lifecycle)}">${esc(r.lifecycle)}</span></td>
         <td data-label="Health">${health}</td>
         <td data-label="Hardware">${esc(hardwareText(r.hardware))}</td>
-        <td data-label="Models">${esc((r.models || []).map((m) => m.id).join(", ") || "-")}</td>
+        <td data-label="Models">${esc(enginesText(r))}</td>
         <td data-label="Updated">${esc(ago(r.updated_at))}</td></tr>`;
     }).join("") || `<tr><td colspan="7" class="muted">No nodes.</td></tr>`;
   } catch (e) {

@@ -70,6 +70,11 @@ async def dnt_bootstraps(request: web.Request) -> web.Response:
     return web.json_response(state_of(request).mesh.bootstraps())
 
 
+async def dnt_serverless(request: web.Request) -> web.Response:
+    """GET /v1/dnt/serverless: the serverless models a controller starts on demand, and their state."""
+    return web.json_response({"models": await state_of(request).hold.catalog_state()})
+
+
 async def dnt_stats(request: web.Request) -> web.Response:
     """GET /v1/dnt/stats: registry, gossip, fabric and gateway counters, and the node's notices."""
     gw = state_of(request)
