@@ -45,6 +45,7 @@ COMMANDS: tuple[Command, ...] = (
         "controller", "opentela.cli.controller", "assign catalog models to idle nodes (fleet controller)"
     ),
     Command("bench", "opentela.cli.bench", "measure an OpenAI-compatible endpoint"),
+    Command("profile", "opentela.cli.profile", "measure a performance profile against a live engine"),
     Command("version", "opentela.cli.version", "print the version"),
     Command("config", "opentela.cli.config", "configuration helpers"),
 )

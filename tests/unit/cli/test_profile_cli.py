@@ -1,0 +1,110 @@
+"""`otela profile` as a command: a tiny grid against a simulated engine, the file it writes, and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from opentela.engines.base import free_port
+from opentela.engines.profile import PerformanceProfile
+from opentela.engines.simulated_config import SimulatedConfig
+
+
+def start_engine(config: SimulatedConfig) -> tuple[subprocess.Popen[str], str]:
+    """A simulated engine in its own process on a free port, once it listens."""
+    port = free_port()
+    argv = [sys.executable, "-m", "opentela", "engine", "simulated", "--port", str(port), *config.to_argv()]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert "listening on" in line, line
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def stop_engine(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[str]:
+    proc, url = start_engine(SimulatedConfig(ttft_ms=20, itl_ms=10))
+    try:
+        yield url
+    finally:
+        stop_engine(proc)
+
+
+def otela_profile(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "opentela", "profile", "--device", "cpu", "--hardware", "test-box", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+def test_a_tiny_grid_is_measured_written_and_printed(engine: str, tmp_path: Path) -> None:
+    # A decode burst (64 tokens at 10 ms) takes longer than the 0.3 s budget: one length, then batch 2 stops it.
+    out = otela_profile(
+        *("--url", engine, "--model", "sim-model", "--max-length", "128", "--max-batch", "4"),
+        *("--repeat", "1", "--max-sample-seconds", "0.3", "--json"),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    written = tmp_path / "profile-sim-model-cpu.json"
+    profile = PerformanceProfile.load(written)
+    assert json.loads(out.stdout) == json.loads(written.read_text())
+    assert profile.hardware == "test-box" and profile.device == "cpu" and profile.source == "measured"
+    assert profile.prefill_lengths == (64, 128)
+    assert profile.prefill_s == pytest.approx((0.020, 0.020), abs=0.015)
+    assert profile.decode_batches == (1, 2) and profile.decode_lengths == (64,)
+    assert [row[0] for row in profile.decode_s] == pytest.approx([0.010, 0.010], abs=0.002)
+    assert profile.meta["truncated"] is True
+    progress = [line for line in out.stderr.splitlines() if line.startswith(("prefill", "decode"))]
+    assert len(progress) == 4 and sum("over the budget" in line for line in progress) == 2
+
+
+def test_the_summary_names_the_file(engine: str, tmp_path: Path) -> None:
+    out = otela_profile(
+        *("--url", engine + "/v1", "--model", "sim-model", "--max-length", "64", "--max-batch", "1"),
+        *("--repeat", "1", "--out", "p.json"),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "-> p.json" in out.stdout and "B=1" in out.stdout
+    assert PerformanceProfile.load(tmp_path / "p.json").decode_s[0][0] == pytest.approx(0.010, abs=0.002)
+
+
+@pytest.mark.parametrize(
+    ("model", "error_rate", "message"),
+    [
+        ("other", 0.0, "does not serve 'other'; it serves: sim-model"),
+        ("sim-model", 1.0, "HTTP 500: simulated engine failure"),
+    ],
+)
+def test_engine_errors_are_one_line_and_exit_2(
+    model: str, error_rate: float, message: str, tmp_path: Path
+) -> None:
+    proc, url = start_engine(SimulatedConfig(error_rate=error_rate))
+    try:
+        out = otela_profile("--url", url, "--model", model, cwd=tmp_path)
+    finally:
+        stop_engine(proc)
+    assert out.returncode == 2
+    assert out.stderr.splitlines()[-1].startswith("otela: error: ") and message in out.stderr
+    assert "Traceback" not in out.stderr and not list(tmp_path.iterdir())
+
+
+def test_an_unreachable_engine_exits_2(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out = otela_profile("--url", url, "--model", "m", cwd=tmp_path)
+    assert out.returncode == 2
+    assert f"otela: error: cannot reach the engine at {url}" in out.stderr and "Traceback" not in out.stderr
