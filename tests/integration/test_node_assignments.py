@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from opentela._types import PROTO_CONTROL, Lifecycle
+from opentela.engines._registry import engine_from_name
+from opentela.engines.profile import PerformanceProfile
 from opentela.errors import StreamResetError
 from opentela.fabric.host import Host
 from opentela.fabric.http_tunnel import MODEL_HEADER, TunnelRequest, encode_request, read_response_head
@@ -255,3 +257,23 @@ async def test_a_shared_engine_that_dies_is_dropped_alone(tmp_path: Path, contro
         # Its memory is free again.
         again = {"op": "assign", "model": "sim-c", "command": SIMULATED, "memory_mib": 1500}
         assert (await send(controller_host, agent, again))["ok"]
+
+
+async def test_a_node_publishes_its_engines_profile_id(tmp_path: Path) -> None:
+    lengths = (64, 128)
+    profile = PerformanceProfile(
+        "sim-p", "test", "cpu", lengths, (0.01, 0.02), (1, 2), lengths, ((0.01,) * 2,) * 2
+    )
+    profile.save(tmp_path / "p.json")
+    node = NodeConfig(
+        listen="127.0.0.1:0",
+        reachability="public",
+        health_interval=0,
+        engine_profile=str(tmp_path / "p.json"),
+    )
+    spec = engine_from_name("simulated", "sim-p", None)
+    async with NodeAgent(Identity.generate(), node, log_dir=tmp_path, engine=spec) as agent:
+        assert agent.registry is not None
+        await until(lambda: agent.registry.local.model_ids == ("sim-p",), 60, "SERVING")
+        (entry,) = agent.registry.local.models
+        assert entry.settings["profile"] == profile.profile_id and "memory_mib" not in entry.settings

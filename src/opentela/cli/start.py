@@ -67,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     )
     option("--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated")
     option("--engine-port", type=int, metavar="PORT", help="port of the engine's OpenAI server")
+    option("--engine-profile", metavar="FILE", help="performance profile of the engine (see otela profile)")
     option("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
     option("--log-dir", metavar="DIR", help="directory for engine logs")
     option(
@@ -110,6 +111,7 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "health_failures",
         "unhealthy_limit",
         "accept_assignments",
+        "engine_profile",
     ):
         value = getattr(args, name)
         if value is not None:

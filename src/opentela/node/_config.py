@@ -160,6 +160,13 @@ class NodeConfig:
             "(an assignment runs an engine command here); empty: the node refuses every assignment."
         },
     )
+    engine_profile: str = field(
+        default="",
+        metadata={
+            "help": "Performance profile file (`otela profile`) of the engine this node is started with; its id "
+            "is published with the engine's models so `slo_headroom` gateways can validate against it."
+        },
+    )
     engine_memory_mib: int = field(
         default=0,
         metadata={

@@ -19,6 +19,7 @@ from typing import Any
 from opentela._tasks import TaskSet, log_task_error
 from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId
 from opentela.engines.base import EngineSpec
+from opentela.engines.profile import PerformanceProfile
 from opentela.errors import ConfigError, OpenTelaError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.admission import admission_from_config
@@ -241,8 +242,15 @@ class NodeAgent:
             self._tasks.spawn(self._bootstrap(), "bootstrap")
         self._tasks.spawn(self._watch_joining(self._join_watch), "join-watch")
         if self._configured_engine is not None:
-            self.engines.launch(self._configured_engine, self.session_id, assigned=False)
+            self.engines.launch(
+                self._configured_engine, self.session_id, assigned=False, profile=self._engine_profile_id()
+            )
             self._configured_engine = None
+
+    def _engine_profile_id(self) -> str:
+        """The id of the configured engine's performance profile ("" without one)."""
+        path = self.node_config.engine_profile
+        return PerformanceProfile.load(Path(path).expanduser()).profile_id if path else ""
 
     def _update_record(self, **changes: Any) -> None:
         assert self.registry is not None

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from opentela.engines.profile import PerformanceProfile
 from opentela.errors import ConfigError
 from opentela.scheduler.controller import ControllerConfig
 from opentela.scheduler.hardware import HardwareCatalog, load_catalog
@@ -18,7 +19,7 @@ from opentela.scheduler.tables import SimSettings
 from opentela.scheduler.workload import LengthDist, Workload
 
 _MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload", "serverless"}
-_SERVERLESS_KEYS = {"keep_alive_s", "memory_mib", "weights", "l_min", "cold_start_timeout_s"}
+_SERVERLESS_KEYS = {"keep_alive_s", "memory_mib", "weights", "l_min", "cold_start_timeout_s", "profile"}
 _WORKLOAD_KEYS = {"rate", "input", "output", "observe"}
 _PLANNING_KEYS = {
     "policy",
@@ -152,7 +153,9 @@ def _model(raw: Any, where: str, base: Path) -> CatalogModel:
     )
     serverless = None
     if "serverless" in raw:
-        serverless = _serverless(raw["serverless"], f"{where}.serverless", model_id, config, launch, work)
+        serverless = _serverless(
+            raw["serverless"], f"{where}.serverless", model_id, config, launch, work, base
+        )
     return CatalogModel(
         id=model_id,
         config=config,
@@ -164,7 +167,7 @@ def _model(raw: Any, where: str, base: Path) -> CatalogModel:
 
 
 def _serverless(
-    raw: Any, where: str, model_id: str, config: str, launch: Mapping[str, Any], work: Workload
+    raw: Any, where: str, model_id: str, config: str, launch: Mapping[str, Any], work: Workload, base: Path
 ) -> ServerlessModel:
     """A model's `serverless:` section (true, or a mapping of its settings)."""
     if raw is True:
@@ -189,9 +192,13 @@ def _serverless(
             work.output.mean,
             _number(raw, "l_min", where, float(spec.max_positions)),
         )
+    profile = ""
+    if raw.get("profile"):
+        profile = PerformanceProfile.load(base / str(raw["profile"])).profile_id
     return ServerlessModel(
         id=model_id,
         launch=launch,
+        profile=profile,
         memory_mib=memory,
         keep_alive_s=_number(raw, "keep_alive_s", where, 60.0),
         cold_start_timeout_s=_number(raw, "cold_start_timeout_s", where, 300.0),

@@ -50,6 +50,8 @@ class ServerlessModel:
     keep_alive_s: float
     cold_start_timeout_s: float = 300.0
     """How long a start may take before the controller starts another instance elsewhere."""
+    profile: str = ""
+    """The id of the performance profile its instances run under (sent with the assignment), if known."""
 
 
 def instance_memory_mib(
@@ -200,6 +202,7 @@ class ServerlessController:
                 **spec.launch,
                 "memory_mib": spec.memory_mib,
                 "keep_alive_s": spec.keep_alive_s,
+                **({"profile": spec.profile} if spec.profile else {}),
             }
             try:
                 answer = await self.send(node.peer_id, message)

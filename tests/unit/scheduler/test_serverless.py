@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from opentela._types import Lifecycle, PeerId, SessionId
+from opentela.engines.profile import PerformanceProfile
 from opentela.errors import ConfigError
 from opentela.registry.record import ModelEntry, NodeRecord
 from opentela.scheduler.fleet_catalog import load_fleet_catalog
@@ -148,6 +149,7 @@ def test_the_catalog_marks_serverless_models(tmp_path: Path) -> None:
     # Eq. 2 from SmolLM2's shape: ~258 MiB of fp16 weights plus the KV cache of its 8192-token context.
     assert 400 < lazy.memory_mib < 600
     assert len(catalog.controller_config().workloads) == 1
+    assert lazy.profile == ""
     path.write_text(
         yaml.safe_dump(
             {
@@ -164,3 +166,27 @@ def test_the_catalog_marks_serverless_models(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="unknown fields"):
         load_fleet_catalog(path)
+
+
+async def test_a_catalog_profile_goes_out_with_the_assignment(tmp_path: Path) -> None:
+    lengths = (64, 128)
+    prof = PerformanceProfile("x", "t", "cpu", lengths, (0.01, 0.02), (1, 2), lengths, ((0.01,) * 2,) * 2)
+    prof.save(tmp_path / "x.json")
+    path = tmp_path / "catalog.yaml"
+    model = {
+        "id": "x",
+        "config": "SmolLM2-135M-Instruct",
+        "engine": "embedded",
+        "serverless": {"profile": "x.json"},
+    }
+    path.write_text(yaml.safe_dump({"models": [model]}))
+    spec = load_fleet_catalog(path).serverless["x"]
+    assert spec.profile == prof.profile_id
+    sent: list[dict[str, Any]] = []
+
+    async def send(peer: str, message: dict[str, Any]) -> dict[str, Any]:
+        sent.append(message)
+        return {"ok": True}
+
+    await ServerlessController({"x": spec}, lambda: [node("a", 4000)], send).want("x")
+    assert sent[0]["profile"] == prof.profile_id
