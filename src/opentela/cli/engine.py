@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     simulated_config.add_simulated_arguments(
         engines.add_parser(
-            "simulated", help="a SIMULATED OpenAI server with configurable timing and failures"
+            "simulated",
+            help="a SIMULATED OpenAI server for one or more models, with configurable timing and failures",
         )
     )
 

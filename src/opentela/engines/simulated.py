@@ -1,7 +1,8 @@
 """The simulated engine: an OpenAI-compatible server faking tokens on a timing model, with fault injection.
 
 It stands in for real inference in tests and overhead benchmarks. It never pretends to be a real model:
-/v1/models reports ``owned_by: "otela-simulator"`` and the generated text is filler.
+/v1/models reports ``owned_by: "otela-simulator"`` and the generated text is filler. One engine may host several
+models; with token scheduling they share one executor (`sim_scheduler`), as LLM-Mesh's instances share a node.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from aiohttp import web
 from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
 from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
+from opentela.engines.headroom import RequestState, Slo
+from opentela.engines.profile import PerformanceProfile
+from opentela.engines.sim_generation import OWNER, FixedPace, Generation, Pace
+from opentela.engines.sim_scheduler import Ticket, TokenScheduler
+from opentela.engines.sim_timing import sleep_until
 from opentela.engines.simulated_config import (
     ERROR_KINDS,
     SimulatedConfig,
@@ -33,10 +39,8 @@ from opentela.engines.simulated_config import (
 from opentela.errors import ConfigError
 from opentela.openai_edge import CHAT_TOKENS_PER_MESSAGE, estimate_text_tokens
 
-OWNER = "otela-simulator"
 CRASH_EXIT_CODE = 3
 """Exit status of a simulated crash (``crash_after``), distinct from a clean stop."""
-_WORDS = ("lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "adipiscing", "elit", "sed", "do")
 
 
 def embedding_vector(text: str, dim: int, model: str) -> list[float]:
@@ -135,18 +139,30 @@ def _prompt_tokens(body: dict[str, Any], chat: bool) -> int:
 class SimulatedHandlers:
     """The request handlers and timing state of one simulated engine (one per server)."""
 
-    def __init__(self, config: SimulatedConfig, crash: Callable[[web.BaseRequest], None]) -> None:
+    def __init__(
+        self,
+        config: SimulatedConfig,
+        crash: Callable[[web.BaseRequest], None],
+        scheduler: TokenScheduler | None = None,
+    ) -> None:
         self.config = config
+        self.model_ids = config.models()
         self.requests = 0
         self.active = 0
+        self.model_requests = dict.fromkeys(self.model_ids, 0)
+        self.model_active = dict.fromkeys(self.model_ids, 0)
         self._crash = crash
-        self._slots = asyncio.Semaphore(config.max_concurrency)
+        # Each hosted model is its own instance with its own batch, as separate engines on one node would be.
+        self._slots = {m: asyncio.Semaphore(config.max_concurrency) for m in self.model_ids}
         self._rng = random.Random(config.seed)
         self._hung = False
         self._released = asyncio.Event()
         self._ids = itertools.count(1)
         self._created = int(time.time())
-        self.timing = config.timing()
+        self.timings = {m: config.timing(m) for m in self.model_ids}
+        self.timing = self.timings[self.model_ids[0]]
+        self.scheduler = scheduler
+        self._slos = config.slos()
         self.bytes_streamed = 0
         self._error_rates = sorted(config.error_rates().items())
 
@@ -164,7 +180,12 @@ class SimulatedHandlers:
         """Let hung requests finish (by dropping their connections) so the server can shut down."""
         self._released.set()
 
-    async def _hang(self, request: web.BaseRequest) -> web.Response:
+    def crash(self, request: web.BaseRequest) -> None:
+        """Crash the engine now (a simulated fault)."""
+        self._crash(request)
+
+    async def hang(self, request: web.BaseRequest) -> web.Response:
+        """Answer nothing until the server is released, then drop the connection."""
         await self._released.wait()
         if request.transport is not None:
             request.transport.abort()
@@ -179,31 +200,46 @@ class SimulatedHandlers:
     async def models(self, request: web.Request) -> web.Response:
         """GET /v1/models."""
         if self._hung:
-            return await self._hang(request)
-        entry = {"id": self.config.model, "object": "model", "created": self._created, "owned_by": OWNER}
-        entry["max_model_len"] = self.config.context_length
-        entry["otela"] = self.config.advertised_settings()
-        return web.json_response({"object": "list", "data": [entry]})
+            return await self.hang(request)
+        data = []
+        for model in self.model_ids:
+            entry = {"id": model, "object": "model", "created": self._created, "owned_by": OWNER}
+            entry["max_model_len"] = self.config.context_length
+            entry["otela"] = self.config.advertised_settings(model)
+            data.append(entry)
+        return web.json_response({"object": "list", "data": data})
 
     async def health(self, request: web.Request) -> web.Response:
         """GET /health."""
         if self._hung:
-            return await self._hang(request)
-        return web.json_response({"status": "ok", "active": self.active, "requests": self.requests})
+            return await self.hang(request)
+        body: dict[str, Any] = {"status": "ok", "active": self.active, "requests": self.requests}
+        if len(self.model_ids) > 1:
+            body["token_scheduling"] = self.scheduler is not None
+            scheduled = self.scheduler.stats() if self.scheduler is not None else {}
+            body["models"] = {
+                m: {
+                    "active": self.model_active[m],
+                    "requests": self.model_requests[m],
+                    **scheduled.get(m, {}),
+                }
+                for m in self.model_ids
+            }
+        return web.json_response(body)
 
-    async def _parse(self, request: web.Request) -> dict[str, Any]:
-        """The JSON body, checked to name this engine's model (or none)."""
+    async def _parse(self, request: web.Request) -> tuple[dict[str, Any], str]:
+        """The JSON body and the model it names: one hosted here (none means the first hosted)."""
         try:
             body = await request.json(loads=json.loads)
         except ValueError:
             raise _invalid("request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise _invalid("request body must be a JSON object")
-        model = body.get("model", self.config.model)
-        if model != self.config.model:
+        model = body.get("model", self.model_ids[0])
+        if model not in self.model_ids:
             msg = f"model {model!r} is not served here"
             raise _BadRequest(_error(404, msg, "invalid_request_error", "model_not_found"))
-        return body
+        return body, model
 
     def _fate(self) -> str:
         """Count a valid request and draw its fate: ok, error, crash or hang."""
@@ -236,48 +272,76 @@ class SimulatedHandlers:
         # time.monotonic, not loop.time: uvloop's clock only advances in whole milliseconds.
         arrival = time.monotonic()
         if self._hung:
-            return await self._hang(request)
+            return await self.hang(request)
         try:
-            body = await self._parse(request)
+            body, model = await self._parse(request)
             prompt_tokens = _prompt_tokens(body, chat)
             max_tokens = _max_tokens(body, self.config.default_max_tokens)
         except _BadRequest as bad:
             return bad.response
         fate = self._fate()
         if fate == "hang":
-            return await self._hang(request)
+            return await self.hang(request)
         if fate == "disconnect":
             return self._disconnect(request)
         if fate in ERROR_KINDS:
             return _simulated_failure(fate)
+        self.model_requests[model] += 1
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": max_tokens,
             "total_tokens": prompt_tokens + max_tokens,
         }
-        queued = self._slots.locked()
-        async with self._slots:
+        slots = self._slots[model]
+        queued = slots.locked()
+        async with slots:
             # Time starts at arrival unless the request waited for a slot; parsing cost hides inside the TTFT.
             start = time.monotonic() if queued else arrival
             self.active += 1
+            self.model_active[model] += 1
+            ticket: Ticket | None = None
             try:
-                stream = bool(body.get("stream"))
-                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                gen = _Generation(self, request, chat, max_tokens, usage, start, fate == "crash")
-                gen.first_word = _words_continued(body, chat)
-                if stream:
+                pace: Pace
+                if self.scheduler is not None:
+                    slo = self._slos.get(model) or Slo.llm_mesh(prompt_tokens)
+                    state = RequestState(start, slo, prompt_tokens)
+                    pace = ticket = self.scheduler.submit(model, state, max_tokens)
+                else:
+                    pace = self._fixed_pace(model, start, prompt_tokens)
+                gen = Generation(
+                    self,
+                    request,
+                    model=model,
+                    chat=chat,
+                    n_tokens=max_tokens,
+                    usage=usage,
+                    pace=pace,
+                    crash=fate == "crash",
+                    first_word=_words_continued(body, chat),
+                )
+                if body.get("stream"):
+                    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                     return await gen.stream(include_usage)
                 return await gen.complete()
             finally:
+                # A client that went away cancels this handler: its request stops taking iterations at once.
+                if ticket is not None and self.scheduler is not None:
+                    self.scheduler.remove(ticket)
                 self.active -= 1
+                self.model_active[model] -= 1
+
+    def _fixed_pace(self, model: str, start: float, prompt_tokens: int) -> FixedPace:
+        """The engine's own timing: TTFT of the prompt, then the ITL with this model's requests decoding."""
+        timing = self.timings[model]
+        return FixedPace(start, timing.ttft(prompt_tokens), lambda: timing.itl(self.model_active[model]))
 
     async def embeddings(self, request: web.Request) -> web.Response:
         """POST /v1/embeddings."""
         arrival = time.monotonic()
         if self._hung:
-            return await self._hang(request)
+            return await self.hang(request)
         try:
-            body = await self._parse(request)
+            body, model = await self._parse(request)
         except _BadRequest as bad:
             return bad.response
         inputs = body.get("input")
@@ -287,152 +351,33 @@ class SimulatedHandlers:
             return _invalid("input must be a string or a non-empty list").response
         fate = self._fate()
         if fate == "hang":
-            return await self._hang(request)
+            return await self.hang(request)
         if fate == "disconnect":
             return self._disconnect(request)
         if fate in ERROR_KINDS:
             return _simulated_failure(fate)
+        self.model_requests[model] += 1
         texts = [x if isinstance(x, str) else " ".join(map(str, x)) for x in inputs]
-        async with self._slots:
-            await _sleep_until(arrival + self.timing.ttft(sum(estimate_text_tokens(t) for t in texts)))
+        # Embeddings stay on the engine's own timing: they are no iterations of the token scheduler.
+        async with self._slots[model]:
+            await sleep_until(arrival + self.timings[model].ttft(sum(estimate_text_tokens(t) for t in texts)))
         if fate == "crash":
             self._crash(request)
-            return await self._hang(request)
+            return await self.hang(request)
         as_base64 = body.get("encoding_format") == "base64"
         data = []
         for i, text in enumerate(texts):
-            vec: Any = embedding_vector(text, self.config.embedding_dim, self.config.model)
+            vec: Any = embedding_vector(text, self.config.embedding_dim, model)
             if as_base64:
                 vec = base64.b64encode(struct.pack(f"<{len(vec)}f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vec})
         tokens = sum(estimate_text_tokens(t) for t in texts)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens}
-        return web.json_response({"object": "list", "data": data, "model": self.config.model, "usage": usage})
+        return web.json_response({"object": "list", "data": data, "model": model, "usage": usage})
 
     def next_id(self, prefix: str) -> str:
         """A response id unique within this server."""
         return f"{prefix}-sim{os.getpid():x}{next(self._ids):x}"
-
-
-async def _sleep_until(deadline: float) -> None:
-    """Sleep until a `time.monotonic()` deadline (not loop.time: uvloop's clock moves in whole ms).
-
-    Absolute deadlines keep a stream from drifting. Under uvloop the wake-up lands ~0.1-0.2 ms late
-    here; a helper thread waking the loop was measured and did no better end to end.
-    """
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
-class _Generation:
-    """One request's fake decode: token k is due at start + ttft + k * itl (absolute, so no drift)."""
-
-    def __init__(
-        self,
-        handlers: SimulatedHandlers,
-        request: web.Request,
-        chat: bool,
-        n_tokens: int,
-        usage: dict[str, int],
-        start: float,
-        crash: bool,
-    ) -> None:
-        self.handlers = handlers
-        self.request = request
-        self.chat = chat
-        self.n_tokens = n_tokens
-        self.usage = usage
-        self.start = start
-        self.crash = crash
-        self.ttft = handlers.timing.ttft(usage["prompt_tokens"])
-        self.id = handlers.next_id("chatcmpl" if chat else "cmpl")
-        self.first_word = 0
-        self.created = int(time.time())
-
-    def _itl(self) -> float:
-        return self.handlers.timing.itl(self.handlers.active)
-
-    def _crash_now(self) -> None:
-        self.handlers._crash(self.request)
-
-    async def complete(self) -> web.Response:
-        """Wait out the whole decode, then answer in one JSON body."""
-        due = self.start + self.ttft
-        await _sleep_until(due)
-        if self.crash:
-            self._crash_now()
-            return await self.handlers._hang(self.request)
-        for _ in range(1, self.n_tokens):
-            due += self._itl()
-            await _sleep_until(due)
-        text = "".join(_token(self.first_word + k) for k in range(self.n_tokens))
-        model = self.handlers.config.model
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text}
-            obj = "text_completion"
-        choice.update(logprobs=None, finish_reason="length")
-        body = {"id": self.id, "object": obj, "created": self.created, "model": model, "choices": [choice]}
-        body.update(usage=self.usage, system_fingerprint=OWNER)
-        return web.Response(text=json.dumps(body, separators=(",", ":")), content_type="application/json")
-
-    def _chunk(self, k: int | None, include_usage: bool) -> bytes:
-        model = self.handlers.config.model
-        if self.chat:
-            delta: dict[str, Any] = {} if k is None else {"content": _token(self.first_word + k)}
-            if k == 0:
-                delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": "" if k is None else _token(self.first_word + k)}
-            obj = "text_completion"
-        choice.update(logprobs=None, finish_reason="length" if k is None else None)
-        chunk: dict[str, Any] = {"id": self.id, "object": obj, "created": self.created, "model": model}
-        chunk["choices"] = [choice]
-        if include_usage:
-            chunk["usage"] = None
-        return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
-
-    async def stream(self, include_usage: bool) -> web.StreamResponse:
-        """Send one SSE chunk per token on the timing model, a final chunk, usage if asked, then [DONE]."""
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(self.request)
-        due = self.start + self.ttft
-        if self.crash and not self.n_tokens:
-            await _sleep_until(due)
-            self._crash_now()
-            return await self.handlers._hang(self.request)
-        for k in range(self.n_tokens):
-            await _sleep_until(due)
-            chunk = self._chunk(k, include_usage)
-            self.handlers.bytes_streamed += len(chunk)
-            await resp.write(chunk)
-            if self.crash:
-                self._crash_now()
-                return await self.handlers._hang(self.request)
-            due += self._itl()
-        await resp.write(self._chunk(None, include_usage))
-        if include_usage:
-            tail: dict[str, Any] = {
-                "id": self.id,
-                "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created,
-                "model": self.handlers.config.model,
-                "choices": [],
-                "usage": self.usage,
-            }
-            await resp.write(b"data: " + json.dumps(tail, separators=(",", ":")).encode() + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
-
-
-def _token(k: int) -> str:
-    return _WORDS[k % len(_WORDS)] + " "
 
 
 class SimulatedServer:
@@ -449,6 +394,7 @@ class SimulatedServer:
         self._crash_hook = crash
         self.crashed = False
         self.handlers: SimulatedHandlers | None = None
+        self.scheduler: TokenScheduler | None = None
         self._runner: web.AppRunner | None = None
         self.port = config.port
 
@@ -474,16 +420,28 @@ class SimulatedServer:
         return await handler(request)
 
     async def start(self) -> None:
-        """Bind and start serving."""
-        self.handlers = SimulatedHandlers(self.config, self._crash)
+        """Bind and start serving (with token scheduling, read the profiles and start the executor first)."""
+        if self.config.scheduled():
+            paths = self.config.profile_paths()
+            profiles = {
+                m: PerformanceProfile.load(paths[m]) if m in paths else self.config.timing(m).as_profile(m)
+                for m in self.config.models()
+            }
+            self.scheduler = TokenScheduler(profiles)
+            await self.scheduler.start()
+        self.handlers = SimulatedHandlers(self.config, self._crash, self.scheduler)
         app = self.handlers.app()
         app.middlewares.append(self._dead)
         # No access log and handler cancellation on disconnect: a real engine frees the slot of a
         # request whose client went away, and logging every request would distort overhead numbers.
         self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
-        await site.start()
+        try:
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.config.host, self.config.port)
+            await site.start()
+        except BaseException:
+            await self.aclose()  # a port in use must not leave the executor's loop running
+            raise
         self.port = int(self._runner.addresses[0][1])
 
     async def aclose(self) -> None:
@@ -493,6 +451,9 @@ class SimulatedServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        # After the runner: requests still streaming at shutdown finish or are cancelled by it, not failed here.
+        if self.scheduler is not None:
+            await self.scheduler.aclose()  # kept, so its books stay readable after the server stops
 
     async def __aenter__(self) -> SimulatedServer:
         await self.start()
@@ -517,7 +478,11 @@ async def serve_simulated(config: SimulatedConfig) -> None:
     restore_signals = on_stop_signals(stop.set)
     try:
         async with SimulatedServer(config, crash=_hard_exit) as server:
-            print(f"listening on {server.base_url} (SIMULATED engine, model {config.model})", flush=True)
+            models = config.models()
+            what = f"model {models[0]}" if len(models) == 1 else f"models {', '.join(models)}"
+            if config.scheduled():
+                what += ", token scheduling"
+            print(f"listening on {server.base_url} (SIMULATED engine, {what})", flush=True)
             await stop.wait()
     finally:
         restore_signals()
