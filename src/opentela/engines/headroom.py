@@ -14,6 +14,7 @@ gateway's `slo_headroom` policy, in the simulator and in the simulated engine's 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -112,8 +113,15 @@ def shadow_validate(
     new: RequestState,
     now: float,
     overestimate: float = OVERESTIMATE,
+    *,
+    ready_at: Sequence[float] | None = None,
+    until_prefilled: bool = False,
 ) -> Validation:
-    """Whether `new` may join `instances[target]` without an SLO violation (see the module's docstring)."""
+    """Whether `new` may join `instances[target]` without an SLO violation (see the module's docstring).
+
+    `ready_at` gives each instance's earliest turn (an instance still loading takes none before); with
+    `until_prefilled` the simulation also goes on until every waiting prefill has run, since a prefill the node
+    owes can make a request late after the new one's first tokens."""
     factor = 1.0 + overestimate
     # Case 3 first (no simulation needed): the decode round of the whole node with the new request in its batch.
     slowest_allowed = min([new.slo.tpot_s, *(r.slo.tpot_s for inst in instances for r in inst.requests)])
@@ -135,14 +143,25 @@ def shadow_validate(
     ]
     clock = now
     goal = ghost.output_tokens + 1 + DECODE_TOKENS_CHECKED
+    ready = list(ready_at) if ready_at is not None else [now] * len(shadow)
     for _ in range(MAX_TURNS):
-        if ghost.output_tokens >= goal:
+        if ghost.output_tokens >= goal and not (until_prefilled and _prefill_owed(shadow, ready)):
             return Validation(True)
-        turn = pick_instance(shadow, clock)
+        runnable = [
+            inst if ready[i] <= clock else InstanceLoad(inst.profile) for i, inst in enumerate(shadow)
+        ]
+        turn = pick_instance(runnable, clock)
+        served: list[RequestState] = []
         if turn is None:
-            break
-        seconds, served = shadow[turn].next_iteration()
-        clock += seconds * factor
+            later = [ready[i] for i, inst in enumerate(shadow) if inst.requests and ready[i] > clock]
+            if not later or not math.isfinite(min(later)):
+                if not math.isfinite(ready[target]):
+                    return Validation(False, "ttft", "the target instance has no load time yet")
+                break
+            clock = min(later)
+        else:
+            seconds, served = shadow[turn].next_iteration()
+            clock += seconds * factor
         for r in watched:
             late = -r.headroom(clock)
             if late > 0:
@@ -162,6 +181,15 @@ def shadow_validate(
 
 MAX_TURNS = 10_000
 """A bound on the turns one validation plays (each turn gives a token to at least one request)."""
+
+
+def _prefill_owed(shadow: Sequence[InstanceLoad], ready: Sequence[float]) -> bool:
+    return any(
+        r.output_tokens == 0
+        for i, inst in enumerate(shadow)
+        if math.isfinite(ready[i])
+        for r in inst.requests
+    )
 
 
 def _copy(r: RequestState) -> RequestState:
