@@ -17,8 +17,13 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `otela profile`."""
-    p.add_argument(
-        "--url", required=True, metavar="ENGINE_URL", help="base URL of the engine (with or without /v1)"
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--url", metavar="ENGINE_URL", help="base URL of the engine (with or without /v1)")
+    source.add_argument(
+        "--simulate",
+        metavar="DEVICE",
+        help="instead of measuring, compute the profile with the simulator's roofline model for DEVICE (a "
+        "hardware catalog name, see `otela plan --help`); --model is then a model catalog name or config.json",
     )
     p.add_argument("--model", required=True, help="model id as the engine serves it")
     p.add_argument("--out", metavar="FILE", help="profile file to write (default: profile-MODEL-DEVICE.json)")
@@ -89,7 +94,11 @@ def _summary(profile: PerformanceProfile, out: Path) -> str:
     meta: dict[str, Any] = profile.meta
     lines = [
         f"{profile.model} on {profile.hardware} ({profile.device}), id {profile.profile_id}, "
-        f"measured in {meta.get('elapsed_s', '?')} s -> {out}",
+        + (
+            f"measured in {meta.get('elapsed_s', '?')} s -> {out}"
+            if profile.source == "measured"
+            else f"{profile.source} -> {out}"
+        ),
         "prefill (input tokens: ms to first token): "
         + ", ".join(
             f"{n}: {t * 1000:.1f}" for n, t in zip(profile.prefill_lengths, profile.prefill_s, strict=True)
@@ -127,8 +136,26 @@ async def _measure(args: argparse.Namespace, device: str, hardware: str) -> Perf
     return await profile_engine(settings, show)
 
 
+def _simulated(args: argparse.Namespace) -> PerformanceProfile:
+    """The roofline's profile of `args.model` on `args.simulate` (for hardware not at hand)."""
+    from opentela.errors import ConfigError
+    from opentela.scheduler.hardware import builtin_catalog
+    from opentela.scheduler.llm_mesh.profiles import simulated_profile
+
+    catalog = builtin_catalog()
+    if args.simulate not in catalog:
+        raise ConfigError(f"unknown device {args.simulate!r}; known: {', '.join(sorted(catalog))}")
+    return simulated_profile(args.model, args.simulate)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Measure, write the profile file, and print a summary (or the profile with --json)."""
+    """Measure (or simulate), write the profile file, and print a summary (or the profile with --json)."""
+    if args.simulate:
+        profile = _simulated(args)
+        out = Path(args.out) if args.out else default_out(args.model, profile.device)
+        _write(profile, out)
+        print(json.dumps(profile.to_dict(), indent=1) if args.json else _summary(profile, out))
+        return 0
     device, hardware = args.device, args.hardware
     if device is None or hardware is None:
         probed_device, probed_hardware = _this_machine(device)
@@ -136,11 +163,15 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_out(args.model, device)
     print(f"profiling {args.model} at {args.url} ({device}: {hardware})", file=sys.stderr, flush=True)
     profile = asyncio.run(_measure(args, device, hardware))
+    _write(profile, out)
+    print(json.dumps(profile.to_dict(), indent=1) if args.json else _summary(profile, out))
+    return 0
+
+
+def _write(profile: PerformanceProfile, out: Path) -> None:
     try:
         profile.save(out)
     except OSError as exc:
         from opentela.errors import ConfigError
 
         raise ConfigError(f"cannot write the profile to {out}: {exc}") from exc
-    print(json.dumps(profile.to_dict(), indent=1) if args.json else _summary(profile, out))
-    return 0

@@ -108,3 +108,18 @@ def test_an_unreachable_engine_exits_2(tmp_path: Path) -> None:
     out = otela_profile("--url", url, "--model", "m", cwd=tmp_path)
     assert out.returncode == 2
     assert f"otela: error: cannot reach the engine at {url}" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_profile_for_hardware_not_at_hand_comes_from_the_roofline(tmp_path: Path) -> None:
+    done = otela_profile(
+        "--simulate", "A100-80G", "--model", "Llama-2-7b-hf", "--out", "p.json", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    profile = PerformanceProfile.load(tmp_path / "p.json")
+    assert (profile.source, profile.device, profile.hardware) == ("simulated", "gpu", "gpu:A100-80G")
+    assert profile.decode_time(16, 1024) > profile.decode_time(1, 1024) > 0
+    assert profile.prefill_time(2048) > profile.prefill_time(256) and "simulated" in done.stdout
+    unknown = otela_profile("--simulate", "TPU-v9", "--model", "Llama-2-7b-hf", cwd=tmp_path)
+    assert unknown.returncode == 2 and "unknown device 'TPU-v9'" in unknown.stderr
+    neither = otela_profile("--model", "m", cwd=tmp_path)
+    assert neither.returncode == 2 and "--url --simulate" in neither.stderr
