@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,18 +13,9 @@ import yaml
 
 from opentela.cli.localmesh import OTELA, LocalMesh, NodeProcess
 from opentela.fabric.identity import Identity
+from sim_engine_process import SIMULATED_TEMPLATE
 
-SIMULATED = [
-    sys.executable,
-    "-m",
-    "opentela",
-    "engine",
-    "simulated",
-    "--port",
-    "{port}",
-    "--model",
-    "{model}",
-]
+SIMULATED = SIMULATED_TEMPLATE
 
 
 def worker_config(path: Path, memory_mib: int) -> Path:

@@ -26,20 +26,11 @@ from opentela.fabric.identity import Identity
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.node._config import NodeConfig
 from opentela.node.agent import NodeAgent
+from sim_engine_process import SIMULATED_TEMPLATE
 
 pytestmark = pytest.mark.integration
 
-SIMULATED = [
-    sys.executable,
-    "-m",
-    "opentela",
-    "engine",
-    "simulated",
-    "--port",
-    "{port}",
-    "--model",
-    "{model}",
-]
+SIMULATED = SIMULATED_TEMPLATE
 NEVER_SERVES = [sys.executable, "-c", "import sys; sys.exit(7)", "--port", "{port}"]
 
 
@@ -61,6 +52,18 @@ async def send(host: Host, agent: NodeAgent, message: dict[str, Any]) -> dict[st
     return answer
 
 
+def worker_config(controller: Host, engine_memory_mib: int = 0) -> NodeConfig:
+    """A worker that takes assignments from `controller` (engines beside each other within the memory, if given)."""
+    return NodeConfig(
+        listen="127.0.0.1:0",
+        controllers=(controller.peer_id,),
+        reachability="public",
+        health_interval=0,
+        ready_timeout=60,
+        engine_memory_mib=engine_memory_mib,
+    )
+
+
 async def until(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -72,13 +75,7 @@ async def until(predicate: Any, timeout: float, what: str) -> None:
 async def test_assignments_fail_back_to_idle_then_serve_then_refuse(
     tmp_path: Path, controller_host: Host
 ) -> None:
-    node = NodeConfig(
-        listen="127.0.0.1:0",
-        controllers=(controller_host.peer_id,),
-        reachability="public",
-        health_interval=0,
-        ready_timeout=60,
-    )
+    node = worker_config(controller_host)
     async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
         assert agent.registry is not None
         answer = await send(controller_host, agent, {"op": "assign", "model": "m", "command": NEVER_SERVES})
@@ -127,14 +124,7 @@ async def ask(agent: NodeAgent, model: str) -> dict[str, Any]:
 async def test_engines_share_a_node_within_its_memory_and_stop_one_by_one(
     tmp_path: Path, controller_host: Host
 ) -> None:
-    node = NodeConfig(
-        listen="127.0.0.1:0",
-        controllers=(controller_host.peer_id,),
-        reachability="public",
-        health_interval=0,
-        ready_timeout=60,
-        engine_memory_mib=3000,
-    )
+    node = worker_config(controller_host, 3000)
     async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
         assert agent.registry is not None
 
@@ -197,14 +187,7 @@ def _alive(pid: int) -> bool:
 async def test_an_engine_with_a_keep_alive_is_stopped_once_idle_and_only_then(
     tmp_path: Path, controller_host: Host
 ) -> None:
-    node = NodeConfig(
-        listen="127.0.0.1:0",
-        controllers=(controller_host.peer_id,),
-        reachability="public",
-        health_interval=0,
-        ready_timeout=60,
-        engine_memory_mib=1000,
-    )
+    node = worker_config(controller_host, 1000)
     async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
         assert agent.registry is not None
         message = {
@@ -233,14 +216,7 @@ async def test_an_engine_with_a_keep_alive_is_stopped_once_idle_and_only_then(
 
 
 async def test_a_shared_engine_that_dies_is_dropped_alone(tmp_path: Path, controller_host: Host) -> None:
-    node = NodeConfig(
-        listen="127.0.0.1:0",
-        controllers=(controller_host.peer_id,),
-        reachability="public",
-        health_interval=0,
-        ready_timeout=60,
-        engine_memory_mib=2000,
-    )
+    node = worker_config(controller_host, 2000)
     async with NodeAgent(Identity.generate(), node, log_dir=tmp_path) as agent:
         assert agent.registry is not None
         for model in ("sim-a", "sim-b"):

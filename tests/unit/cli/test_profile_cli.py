@@ -13,28 +13,7 @@ import pytest
 from opentela.engines.base import free_port
 from opentela.engines.profile import PerformanceProfile
 from opentela.engines.simulated_config import SimulatedConfig
-
-
-def start_engine(config: SimulatedConfig) -> tuple[subprocess.Popen[str], str]:
-    """A simulated engine in its own process on a free port, once it listens."""
-    port = free_port()
-    argv = [sys.executable, "-m", "opentela", "engine", "simulated", "--port", str(port), *config.to_argv()]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def stop_engine(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
+from sim_engine_process import start_engine, stop_engine
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ the grid into a rectangle."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,31 +15,10 @@ from opentela.engines.profile_probe import DecodeRun, PrefillRun, PromptCalibrat
 from opentela.engines.profiling import ProfileSettings, Sample, measure_profile, profile_engine
 from opentela.engines.simulated_config import SimulatedConfig
 from opentela.errors import ConfigError, EngineError, EngineUnavailableError, ModelNotFoundError
+from sim_engine_process import start_engine, stop_engine
 
 # Prefill 0.5 ms a prompt token on top of 5 ms; decode 5 ms a token plus 3 ms per other request decoding.
 TIMED = SimulatedConfig(gpu="CPU", params_b=0.2, itl_per_active_ms=3.0)
-
-
-def start_engine(config: SimulatedConfig) -> tuple[subprocess.Popen[str], str]:
-    """A simulated engine in its own process on a free port, once it listens."""
-    port = free_port()
-    argv = [sys.executable, "-m", "opentela", "engine", "simulated", "--port", str(port), *config.to_argv()]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert "listening on" in line, line
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def stop_engine(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 @pytest.fixture(scope="module")

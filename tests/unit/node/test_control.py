@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import pytest
@@ -12,20 +11,11 @@ from opentela.fabric.identity import Identity
 from opentela.fabric.memory import memory_stream_pair
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.node.control import ControlService, EngineAssignment, Refusal, parse_assignment, render_template
+from sim_engine_process import SIMULATED_TEMPLATE
 
 CONTROLLER = Identity.generate().peer_id
 STRANGER = Identity.generate().peer_id
-SIMULATED = [
-    sys.executable,
-    "-m",
-    "opentela",
-    "engine",
-    "simulated",
-    "--port",
-    "{port}",
-    "--model",
-    "{model}",
-]
+SIMULATED = SIMULATED_TEMPLATE
 
 
 def assign(**fields: Any) -> dict[str, Any]:
