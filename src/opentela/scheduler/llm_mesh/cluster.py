@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from opentela.engines.headroom import InstanceLoad, Slo, Validation, shadow_validate
+from opentela.engines.headroom import InstanceLoad, KvSteps, RequestState, Slo, Validation, shadow_validate
 from opentela.engines.profile import PerformanceProfile
 from opentela.scheduler.hardware import GIB, builtin_catalog
 from opentela.scheduler.llm_mesh.memory import ColdStart, ScalingCost, Watermark
@@ -326,22 +326,66 @@ class MeshSimulator:
         now: float,
         ready_at: float = 0.0,
         without: Instance | None = None,
+        kv: KvSteps | None = None,
     ) -> Validation:
         """Shadow-validate `req` joining `target` on `node` (None: a new instance of its model, ready at
-        `ready_at`), optionally with the instance `without` gone. The simulation starts when the node's
-        running iteration ends (the tokens of that iteration still count as owed, which only makes it stricter),
-        gives no turn to an instance before it is loaded, and runs until every prefill the node owes is done."""
+        `ready_at`), optionally with the instance `without` gone. `kv` is the KV cache the target will have over
+        time once the admission's own resize is issued (default: as its memory operations stand; for a new
+        instance, unbounded).
+
+        The simulation replays what the node will do: it starts when the running iteration ends, with that
+        iteration's tokens delivered (they are on their way; counting them as still owed would make the requests
+        they go to look late and drop them from the check), gives no turn to an instance before it is loaded or
+        while its KV cache cannot hold its next iteration, and runs until every prefill the node owes and every
+        timed load and resize is done."""
         live = [i for i in node.live() if i is not without]
-        loads = [i.load for i in live]
+        loads = [self._after_running(i) for i in live]
         ready = [i.ready_at for i in live]
+        caches: list[KvSteps | None] = [self.kv_steps(i) for i in live]
         if target is None:
             loads.append(InstanceLoad(self.profile(req.model, node)))
             ready.append(ready_at)
+            caches.append(kv)
             index = len(loads) - 1
         else:
             index = live.index(target)
+            if kv is not None:
+                caches[index] = kv
         start = max(now, node.busy_until)
-        return shadow_validate(loads, index, req, start, ready_at=ready, until_prefilled=True)
+        return shadow_validate(
+            loads, index, req, start, ready_at=ready, until_prefilled=True, kv_bytes=caches
+        )
+
+    def _after_running(self, inst: Instance) -> InstanceLoad:
+        """An instance's load as it will be when the node's running iteration ends (copies where it changes)."""
+        running = inst.node.running
+        if running is None or running[0] is not inst:
+            return inst.load
+        served = {id(r) for r in running[1]}
+        return InstanceLoad(
+            inst.profile,
+            [
+                RequestState(r.start, r.slo, r.input_tokens, r.output_tokens + (id(r) in served))
+                for r in inst.load.requests
+            ],
+        )
+
+    def kv_steps(
+        self, inst: Instance, grow: float | None = None, now: float = 0.0
+    ) -> list[tuple[float, float]]:
+        """An instance's KV cache over time as its memory operations tell: its size now, then what its running
+        operation leaves (less if a shrink is queued behind it). With `grow`, a resize to that size issued at
+        `now`, if it would start at once. An operation waiting for memory has no known end: the cache is taken
+        to stay as it is until then, which can only make a validation stricter."""
+        memory = inst.node.memory
+        weights = inst.profile.weights_bytes
+        steps = [(-math.inf, inst.kv_bytes())]
+        op = memory.running.get(inst.iid)
+        if op is not None and op in self.op_end:
+            steps.append((self.op_end[op], max(0.0, min(op.new, memory.target(inst.iid)) - weights)))
+        elif grow is not None and memory.fits_now(inst.iid, weights + grow):
+            steps.append((now + self.resize_seconds(inst, grow), grow))
+        return steps
 
     # -- the nodes' iterations -----------------------------------------------------------------------------------
 

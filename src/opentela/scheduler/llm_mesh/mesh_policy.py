@@ -67,24 +67,6 @@ class LlmMeshPolicy:
             return True, require  # the compromise of 6.4: M_require instead of M_recommend
         return False, None
 
-    def _memory_ready(self, sim: MeshSimulator, inst: Instance, req: SimRequest, grow: float | None,
-                      now: float) -> float | None:  # fmt: skip
-        """When the KV cache can hold the request's prefill (None: not predictable, do not admit)."""
-        c = inst.profile.kv_bytes_per_token
-        need = kv_held_bytes(inst.load.requests, c) + c * (req.input_tokens + inst.batch + 2)
-        if need <= inst.kv_bytes():
-            return now
-        running = inst.node.memory.running.get(inst.iid)
-        if running is not None and running.new - inst.profile.weights_bytes >= need and grow is None:
-            return sim.op_end.get(running, now)
-        if (
-            grow is not None
-            and grow >= need
-            and inst.node.memory.fits_now(inst.iid, inst.profile.weights_bytes + grow)
-        ):
-            return now + sim.resize_seconds(inst, grow)
-        return None
-
     # -- placement ---------------------------------------------------------------------------------------------
 
     def _candidates(self, sim: MeshSimulator, model: int) -> list[Instance]:
@@ -109,12 +91,20 @@ class LlmMeshPolicy:
         ok, grow = self._kv_plan(sim, inst, req)
         if not ok:
             return False
-        ready = self._memory_ready(sim, inst, req, grow, now)
-        if ready is None:
+        memory = inst.node.memory
+        if any(op.slot == inst.iid for op in memory.station) or (
+            grow is not None and not memory.fits_now(inst.iid, inst.profile.weights_bytes + grow)
+        ):
+            # A growth that waits (behind the instance's running resize, or for memory) ends at a time nobody
+            # knows, and the validation can only play out the cache it can time: the decode steps after its
+            # horizon would fill the cache and stall the instance until the growth is done.
             return False
         if not self._round_fits(inst.node):
             return False
-        verdict = sim.validate(req, inst.node, inst, max(now, ready))
+        # The instance's KV cache over time, with this admission's resize: while the cache cannot hold the next
+        # iteration (the new prefill, say) the whole instance stalls, and the validation plays that stall out.
+        kv = sim.kv_steps(inst, grow, now)
+        verdict = sim.validate(req, inst.node, inst, now, kv=kv)
         if not verdict.ok:
             return False
         if commit:
@@ -149,10 +139,13 @@ class LlmMeshPolicy:
             budget_free += node.memory.target(v.iid)
         if free < total or budget_free < total:
             return False
-        load_s = sim.load_seconds(req.model, node) + (sim.spec.cold_start.unload_s if victims else 0.0)
+        # The load starts once the victims' unloads have freed their memory (summed in the order the events come,
+        # so the validation sees the very instant the instance will be ready).
+        start = now + sim.spec.cold_start.unload_s if victims else now
+        ready_at = start + sim.load_seconds(req.model, node)
         if not self._round_fits(node):
             return False
-        verdict = sim.validate(req, node, None, now, ready_at=now + load_s)
+        verdict = sim.validate(req, node, None, now, ready_at=ready_at, kv=[(ready_at, kv)])
         if not verdict.ok:
             return False
         if commit:

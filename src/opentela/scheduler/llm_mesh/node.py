@@ -104,11 +104,7 @@ class Instance:
 
     def next_needs_tokens(self) -> int:
         """KV tokens occupied after its next iteration (the prefill it would run, else one decode step)."""
-        waiting = [r for r in self.load.requests if r.output_tokens == 0]
-        held = self.kv_used_tokens()
-        if waiting:
-            return held + min(waiting, key=lambda r: r.start).input_tokens + 1
-        return held + len(self.load.requests)
+        return self.load.next_needs_tokens()
 
 
 @dataclass(eq=False)
@@ -158,7 +154,7 @@ class Node:
         for inst in self.instances:
             if inst.unloading or not inst.load.requests or inst.ready_at > now:
                 continue
-            if inst.next_needs_tokens() * inst.profile.kv_bytes_per_token > inst.kv_bytes() + 1e-6:
+            if not inst.load.fits(inst.kv_bytes()):
                 stalled.append(inst)
                 continue
             runnable.append(inst)
