@@ -14,17 +14,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, func, insert, or_, select, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import CursorResult, case, func, or_, select, update
 
+from opentela.frontend.admission_db import Refused, admit_call, admit_transaction
 from opentela.frontend.counters import (
-    READ_RATE,
-    THIS_COUNTER,
     RateKey,
     has_budget,
     rate_second,
-    rate_since,
-    rate_slot,
     rebuild_counters_sync,
     rebuild_rate_sync,
     window_consumption,
@@ -33,16 +29,13 @@ from opentela.frontend.db import Database
 from opentela.frontend.group_commit import (
     CHECKPOINT,
     COMPLETE,
-    TOUCH_KEY,
-    UPSERT_COUNTER,
-    UPSERT_RATE,
     RowChange,
     UsageWriter,
 )
-from opentela.frontend.limits import Consumption, Limits, Refusal, check, period_start, refusal_error
+from opentela.frontend.limits import Consumption, Limits, check, period_start, refusal_error
 from opentela.frontend.local_admission import KeyUsage, LocalAdmission, WindowEntry
-from opentela.frontend.pg_calls import ADMIT_CALL, prefixed
-from opentela.frontend.schema import ApiKey, UsageCounter, UsageRow
+from opentela.frontend.pg_calls import ADMIT_CALL
+from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
 
@@ -137,84 +130,6 @@ EARLY_PAUSE_S = 5.0
 
 TOUCH_EVERY_S = 1.0
 """A key's last_used_at is written at most this often with in-memory admission."""
-
-
-class _Refused(Exception):
-    """Raised inside the admission transaction to roll it back."""
-
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message)
-        self.refusal = refusal
-
-
-_RATE_AND_COUNTER = READ_RATE.add_columns(
-    select(UsageCounter.requests).where(*THIS_COUNTER).scalar_subquery(),
-    select(UsageCounter.tokens).where(*THIS_COUNTER).scalar_subquery(),
-)
-
-
-def _admit_transaction(
-    conn: Connection,
-    key_id: str,
-    limits: Limits,
-    counter: tuple[str, float] | None,
-    row: dict[str, Any],
-    now: float,
-) -> Consumption:
-    """Admission through the database, in one transaction: what the key used, its pending row and its counters.
-
-    The first statement updates the key's row, which locks it (a row lock on PostgreSQL, the write lock on SQLite),
-    so concurrent admissions of one key, from any replica, are serialized. PostgreSQL runs the same steps as one
-    call of `otela_admit` (frontend/pg_calls.py).
-    """
-    conn.execute(TOUCH_KEY, {"b_key_id": key_id, "b_when": now})
-    p_req = p_tok = 0
-    window = {"b_key_id": key_id, "b_since": rate_since(now)}
-    # At most RATE_SLOTS rate buckets and one counter row, whatever the key's history or rate: one round trip.
-    if counter is not None:
-        budget = {"b_period": counter[0], "b_start": counter[1]}
-        m_req, m_tok, oldest, p_req, p_tok = conn.execute(_RATE_AND_COUNTER, {**window, **budget}).one()
-    else:
-        m_req, m_tok, oldest = conn.execute(READ_RATE, window).one()
-    used = window_consumption(int(m_req), int(m_tok), oldest, (int(p_req or 0), int(p_tok or 0)))
-    refusal = check(limits, used, now)
-    if refusal is not None:
-        raise _Refused(refusal)
-    conn.execute(insert(UsageRow), row)
-    second = rate_second(now)
-    delta = {"b_key_id": key_id, "b_requests": 1, "b_tokens": row["input_tokens"]}
-    conn.execute(UPSERT_RATE[conn.dialect.name], {**delta, "b_slot": rate_slot(second), "b_second": second})
-    if counter is not None:
-        conn.execute(
-            UPSERT_COUNTER[conn.dialect.name], {**delta, "b_period": counter[0], "b_start": counter[1]}
-        )
-    return used
-
-
-def _admit_call(
-    key_id: str, limits: Limits, counter: tuple[str, float] | None, row: dict[str, Any], now: float
-) -> dict[str, Any]:
-    """The parameters of `otela_admit` (PostgreSQL) for the same admission as `_admit_transaction`."""
-    second = rate_second(now)
-    period, start = counter if counter is not None else (None, None)
-    return prefixed(
-        {
-            "key": key_id,
-            "now": now,
-            "second": second,
-            "slot": rate_slot(second),
-            "since": rate_since(now),
-            "period": period,
-            "start": start,
-            "rpm": limits.rpm,
-            "tpm": limits.tpm,
-            "budget_requests": limits.budget_requests,
-            "budget_tokens": limits.budget_tokens,
-            **{k: row[k] for k in ("id", "request_id", "instance", "endpoint", "model", "stream", "day")},
-            "input_tokens": row["input_tokens"],
-            "sampling": None if row["sampling"] is None else json.dumps(row["sampling"]),
-        }
-    )
 
 
 def _near_a_limit(limits: Limits, used: Consumption, input_estimate: int) -> bool:
@@ -322,7 +237,7 @@ class UsageLedger:
         full_row = {"id": row_id, "started_at": now, "day": utc_day(now), **row}
         try:
             used = await self._admit_through_database(key, limits, counter, full_row, now)
-        except _Refused as refused:
+        except Refused as refused:
             self._note_headroom(key, None, input_estimate)
             raise refusal_error(refused.refusal, now) from None
         except Exception:
@@ -345,16 +260,16 @@ class UsageLedger:
     async def _admit_through_database(
         self, key: ApiKey, limits: Limits, counter: tuple[str, float] | None, row: dict[str, Any], now: float
     ) -> Consumption:
-        """What the key used before this request, its pending row committed; raises _Refused."""
+        """What the key used before this request, its pending row committed; raises Refused."""
         if self.db.dialect != "postgresql":
-            return await self.writer.transaction(_admit_transaction, key.id, limits, counter, row, now)
-        answer = await self.writer.call(ADMIT_CALL, _admit_call(key.id, limits, counter, row, now))
+            return await self.writer.transaction(admit_transaction, key.id, limits, counter, row, now)
+        answer = await self.writer.call(ADMIT_CALL, admit_call(key.id, limits, counter, row, now))
         admitted, m_req, m_tok, oldest, p_req, p_tok = tuple(answer)
         used = window_consumption(m_req, m_tok, oldest, (p_req, p_tok))
         if not admitted:
             refusal = check(limits, used, now)
             assert refusal is not None, f"otela_admit refused what check() admits: {used}, {limits}"
-            raise _Refused(refusal)
+            raise Refused(refusal)
         return used
 
     async def _admit_in_memory(
