@@ -38,6 +38,7 @@ import pytest
 import yaml
 
 from opentela.cli.localmesh import NodeProcess, free_port
+from sim_engine_process import SIMULATED_TEMPLATE
 
 pytestmark = pytest.mark.integration
 
@@ -425,23 +426,12 @@ def node_peer_id(proc: NodeProcess) -> str:
 
 def write_catalog(path: Path) -> None:
     """The controller's catalog: one small model, started with the simulated engine on the node assigned it."""
-    template = [
-        sys.executable,
-        "-m",
-        "opentela",
-        "engine",
-        "simulated",
-        "--port",
-        "{port}",
-        "--model",
-        "{model}",
-    ]
     catalog = {
         "models": [
             {
                 "id": ASSIGNED_MODEL,
                 "config": EMBEDDED_MODEL,
-                "command": template,
+                "command": SIMULATED_TEMPLATE,
                 "workload": {"rate": 1.0, "input": 64, "output": 16, "observe": False},
             }
         ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -52,8 +54,8 @@ def test_without_cpu_nodes_llm_mesh_uses_the_gpu() -> None:
     assert out.requests[0].served_on == "gpu"
 
 
-def test_bin_packing_picks_the_instance_with_the_highest_batch() -> None:
-    policy = LlmMeshPolicy()
+def a_small_and_a_large_instance(policy: LlmMeshPolicy) -> tuple[Any, Any, Any, SimRequest]:
+    """Two CPU nodes with one instance each, batches of 1 and 3, and a new request to place."""
     sim = simulator([(0.0, 100, 10, 0)], "3B", policy, cpu=2, gpu=0)
     small = sim.create_instance(sim.nodes[0], 0, 8e9, 0.0)
     large = sim.create_instance(sim.nodes[1], 0, 8e9, 0.0)
@@ -63,21 +65,19 @@ def test_bin_packing_picks_the_instance_with_the_highest_batch() -> None:
     for rid in (101, 102, 103):
         sim.attach(decoding(rid, 5.0), large, 5.0)
     new = SimRequest(start=5.0, slo=Slo(2.0, 0.25), input_tokens=200, rid=0, model=0, target_tokens=10)
+    return sim, small, large, new
+
+
+def test_bin_packing_picks_the_instance_with_the_highest_batch() -> None:
+    policy = LlmMeshPolicy()
+    sim, _small, large, new = a_small_and_a_large_instance(policy)
     assert policy.place(sim, new, 5.0)
     assert new.instance is large
 
 
 def test_spreading_instead_picks_the_smallest_batch() -> None:
     policy = LlmMeshPolicy(bin_packing=False)
-    sim = simulator([(0.0, 100, 10, 0)], "3B", policy, cpu=2, gpu=0)
-    small = sim.create_instance(sim.nodes[0], 0, 8e9, 0.0)
-    large = sim.create_instance(sim.nodes[1], 0, 8e9, 0.0)
-    assert small is not None and large is not None
-    sim.settle_memory(5.0)
-    sim.attach(decoding(100, 5.0), small, 5.0)
-    for rid in (101, 102, 103):
-        sim.attach(decoding(rid, 5.0), large, 5.0)
-    new = SimRequest(start=5.0, slo=Slo(2.0, 0.25), input_tokens=200, rid=0, model=0, target_tokens=10)
+    sim, small, _large, new = a_small_and_a_large_instance(policy)
     assert policy.place(sim, new, 5.0) and new.instance is small
 
 
