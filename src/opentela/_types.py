@@ -32,6 +32,8 @@ PROTO_RELAY: ProtocolName = "/otela/relay/1"
 PROTO_CONTROL: ProtocolName = "/otela/control/1"
 PROTO_DEMAND: ProtocolName = "/otela/demand/1"
 """An ingress asks a controller to start a serverless model it holds requests for (scheduler/serverless.py)."""
+PROTO_BLOCKS: ProtocolName = "/otela/blocks/1"
+"""Hidden states and session control between a split model's chain client and its block servers."""
 
 
 @runtime_checkable

@@ -68,6 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     option("--engine", metavar="NAME", help="engine shorthand when no command is given: embedded, simulated")
     option("--engine-port", type=int, metavar="PORT", help="port of the engine's OpenAI server")
     option("--engine-profile", metavar="FILE", help="performance profile of the engine (see otela profile)")
+    option(
+        "--blocks",
+        metavar="MODEL:START-END",
+        help="serve decoder blocks [START, END) of a split model, e.g. SmolLM2-135M-Instruct:0-10",
+    )
+    option("--blocks-model-file", metavar="GGUF", help="weights of the split model (default: the shipped SmolLM2)")
     option("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
     option("--log-dir", metavar="DIR", help="directory for engine logs")
     option(
@@ -112,6 +118,8 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         "unhealthy_limit",
         "accept_assignments",
         "engine_profile",
+        "blocks",
+        "blocks_model_file",
     ):
         value = getattr(args, name)
         if value is not None:

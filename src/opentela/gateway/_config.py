@@ -124,11 +124,62 @@ class GatewayConfig:
             "connecting to the first request)."
         },
     )
+    split_model_files: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`MODEL=PATH` entries: the GGUF file of a split model, whose embedding, final norm, LM head "
+            "and tokenizer the ingress runs (the shipped SmolLM2 is found without one)."
+        },
+    )
+    split_forwarding: str = field(
+        default="client",
+        metadata={
+            "help": "How a split model's hidden states travel: `client` (each server answers the ingress, which "
+            "keeps every server's inputs and replaces a failed server alone) or `server` (each server passes "
+            "its output to the next; a failure replays the session on a whole new chain)."
+        },
+    )
+    split_routing: str = field(
+        default="ws_rr",
+        metadata={
+            "help": "How the ingress picks a split model's chain: `ws_rr` (waiting-time-aware shortest path), "
+            "`shortest` (per-token time only) or `petals` (PETALS' own heuristic)."
+        },
+    )
+    split_step_timeout: float = field(
+        default=60.0,
+        metadata={
+            "help": "Seconds one step of a split model may take on one server before it counts as failed."
+        },
+    )
+    split_max_failovers: int = field(
+        default=3,
+        metadata={"help": "Servers of a split model one request may replace before it fails."},
+    )
 
     def __post_init__(self) -> None:
+        if self.split_forwarding not in ("client", "server"):
+            raise ConfigError(f"split_forwarding must be `client` or `server`, not {self.split_forwarding!r}")
+        if self.split_routing not in ("ws_rr", "shortest", "petals"):
+            raise ConfigError(
+                f"split_routing must be `ws_rr`, `shortest` or `petals`, not {self.split_routing!r}"
+            )
+        if not self.split_step_timeout > 0 or self.split_max_failovers < 0:
+            raise ConfigError("split_step_timeout must be positive and split_max_failovers >= 0")
+        self.split_files()
         if self.max_output_tokens < 1:
             raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")
         self.output_caps()
+
+    def split_files(self) -> dict[str, str]:
+        """`split_model_files` as a mapping of model to GGUF path; a ConfigError names a bad entry."""
+        out: dict[str, str] = {}
+        for pair in self.split_model_files:
+            model, sep, path = pair.partition("=")
+            if not sep or not model.strip() or not path.strip():
+                raise ConfigError(f"split_model_files entries are MODEL=PATH, got {pair!r}")
+            out[model.strip()] = path.strip()
+        return out
 
     def output_caps(self) -> dict[str, int]:
         """`max_tokens_caps` as a mapping of model to cap; a ConfigError names an entry that is not MODEL=N."""

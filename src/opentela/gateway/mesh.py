@@ -36,6 +36,14 @@ class Mesh(Protocol):
         """A /otela/http/1 stream to `target` (an in-process stream when `target` is this node)."""
         ...
 
+    def block_servers(self) -> list[NodeRecord]:
+        """Live SERVING records that serve blocks of split models (their `blocks` spans), not suspected."""
+        ...
+
+    async def open_block_stream(self, target: NodeRecord, timeout: float) -> Stream:
+        """A /otela/blocks/1 stream to `target`'s block server."""
+        ...
+
     def controllers(self) -> list[NodeRecord]:
         """Live fleet controllers, which start serverless models on demand."""
         ...

@@ -14,6 +14,7 @@ from opentela.gateway.hold import ColdStartHold
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.metrics import GatewayMetrics
 from opentela.gateway.routing import Router
+from opentela.gateway.split_models import SplitModels
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class GatewayState:
     forwarder: Forwarder
     metrics: GatewayMetrics
     hold: ColdStartHold
+    split: SplitModels
 
     @classmethod
     def build(cls, mesh: Mesh, config: GatewayConfig) -> GatewayState:
@@ -37,7 +39,7 @@ class GatewayState:
         for policy in router.policies.values():
             if hasattr(policy, "on_overload"):
                 policy.on_overload = hold.scale_out  # e.g. slo_headroom, when no replica can take more
-        return cls(config, mesh, router, forwarder, metrics, hold)
+        return cls(config, mesh, router, forwarder, metrics, hold, SplitModels(mesh, config))
 
 
 STATE_KEY: web.AppKey[GatewayState] = web.AppKey("otela_gateway", GatewayState)

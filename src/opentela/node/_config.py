@@ -174,6 +174,30 @@ class NodeConfig:
             "names its footprint); 0: the GPUs' total memory, or the RAM on a node without GPUs."
         },
     )
+    blocks: str = field(
+        default="",
+        metadata={
+            "help": "`MODEL:START-END`: serve decoder blocks [START, END) of a split model (a half-open range, "
+            "so 0-10, 10-20 and 20-30 chain), e.g. `SmolLM2-135M-Instruct:0-10`; empty: none."
+        },
+    )
+    blocks_model_file: str = field(
+        default="",
+        metadata={
+            "help": "GGUF file holding the split model's weights (default: the shipped SmolLM2 when MODEL is "
+            "SmolLM2-135M-Instruct)."
+        },
+    )
+    blocks_cache_mib: int = field(
+        default=256,
+        metadata={"help": "Memory for the attention caches of the block server's sessions, in MiB."},
+    )
+    blocks_session_ttl: float = field(
+        default=300.0,
+        metadata={
+            "help": "Seconds a block server's session may sit idle before its cache may be evicted for a new one."
+        },
+    )
     accept_assignments: str = field(
         default="listed",
         metadata={
@@ -224,6 +248,10 @@ class NodeConfig:
                 raise ConfigError(
                     f"[node] fatal log pattern {pattern!r} is not a valid regular expression: {exc}"
                 ) from None
+        if self.blocks:
+            self.block_range()
+        if self.blocks_cache_mib < 1 or not self.blocks_session_ttl > 0:
+            raise ConfigError("[node] blocks_cache_mib must be >= 1 and blocks_session_ttl positive")
         if self.accept_assignments not in ("listed", "any"):
             raise ConfigError(
                 f"[node] accept_assignments must be `listed` or `any`, not {self.accept_assignments!r}"
@@ -236,3 +264,18 @@ class NodeConfig:
             raise ConfigError(
                 f"[node] log_sink {sink!r}: use a file path, file://PATH, http:// or https:// URL"
             )
+
+    def block_range(self) -> tuple[str, int, int]:
+        """`blocks` as (model, start, end); a ConfigError says what a malformed value should look like."""
+        model, sep, span = self.blocks.rpartition(":")
+        first, dash, last = span.partition("-")
+        if not (sep and model.strip() and dash and first.strip().isdigit() and last.strip().isdigit()):
+            raise ConfigError(
+                f"[node] blocks must be MODEL:START-END, e.g. SmolLM2-135M-Instruct:0-10; got {self.blocks!r}"
+            )
+        start, end = int(first), int(last)
+        if not start < end:
+            raise ConfigError(
+                f"[node] blocks {self.blocks!r}: START must be below END (the range is [START, END))"
+            )
+        return model.strip(), start, end

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from opentela._tasks import TaskSet, log_task_error
-from opentela._types import PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId
+from opentela._types import PROTO_BLOCKS, PROTO_CONTROL, PROTO_HTTP, Lifecycle, PeerId, Stream
 from opentela.engines.base import EngineSpec
 from opentela.engines.profile import PerformanceProfile
 from opentela.errors import ConfigError, OpenTelaError
@@ -27,6 +27,7 @@ from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.node._config import NodeConfig, Role
+from opentela.node.block_server import BlockServer
 from opentela.node.control import ControlService, EngineAssignment, Refusal
 from opentela.node.engine_runner import EXIT_OK, EngineRunner
 from opentela.node.engine_set import EngineSet
@@ -96,6 +97,7 @@ class NodeAgent:
         self.housekeeping: Housekeeping | None = None
         self.reachability: NodeReachability | None = None
         self._mesh: MeshView | None = None
+        self.blocks: BlockServer | None = None
         self.notices = Notices()
         """What the operator should act on: logged once at WARNING, served with health and stats."""
         self._join_watch: JoinWatch | None = None
@@ -124,6 +126,7 @@ class NodeAgent:
             self._assignment_busy,
             self.assign_engine,
             self.stop_engine,
+            self.assign_blocks,
         )
 
     def __repr__(self) -> str:
@@ -241,11 +244,60 @@ class NodeAgent:
         if cfg.bootstrap:
             self._tasks.spawn(self._bootstrap(), "bootstrap")
         self._tasks.spawn(self._watch_joining(self._join_watch), "join-watch")
+        if cfg.blocks:
+            self._start_blocks(*cfg.block_range())
         if self._configured_engine is not None:
             self.engines.launch(
                 self._configured_engine, self.session_id, assigned=False, profile=self._engine_profile_id()
             )
             self._configured_engine = None
+
+    def assign_blocks(self, model: str, start: int, end: int) -> Refusal | None:
+        """A controller's block assignment: start serving blocks [start, end) of `model` on this idle node."""
+        if self.blocks is not None or len(self.engines):
+            return Refusal("busy", "this node already serves blocks or runs an engine")
+        try:
+            self._start_blocks(model, start, end)
+        except ConfigError as exc:
+            return Refusal("bad_request", str(exc))
+        return None
+
+    def _start_blocks(self, model: str, start: int, end: int) -> None:
+        assert self.host is not None and self._mesh is not None
+        self.blocks = self._block_server(model, start, end)
+        self._mesh.blocks = self.blocks
+        self.host.set_handler(PROTO_BLOCKS, self.blocks.handle_stream)
+        self._tasks.spawn(self._serve_blocks(self.blocks), "blocks")
+
+    def _block_server(self, model: str, start: int, end: int) -> BlockServer:
+        """A block server for [start, end) of `model`, with its weights' file found."""
+        cfg = self.node_config
+        path = cfg.blocks_model_file
+        if not path:
+            from opentela.model.locate import SMOLLM2_ID, default_model_path
+
+            if model != SMOLLM2_ID:
+                raise ConfigError(f"[node] blocks of {model} need blocks_model_file (the model's GGUF file)")
+            path = str(default_model_path())
+
+        async def open_stream(peer: PeerId, addrs: tuple[str, ...], timeout: float) -> Stream:
+            assert self.host is not None
+            return await self.host.open_stream(peer, PROTO_BLOCKS, addrs=addrs, timeout=timeout)
+
+        return BlockServer(
+            model,
+            path,
+            start,
+            end,
+            cache_bytes=cfg.blocks_cache_mib << 20,
+            session_ttl_s=cfg.blocks_session_ttl,
+            open_stream=open_stream,
+        )
+
+    async def _serve_blocks(self, server: BlockServer) -> None:
+        """Load the blocks, then say in our record that we serve them."""
+        await server.load()
+        self._update_record(lifecycle=Lifecycle.SERVING, blocks=(server.span(),), reason="")
 
     def _engine_profile_id(self) -> str:
         """The id of the configured engine's performance profile ("" without one)."""
@@ -309,6 +361,8 @@ class NodeAgent:
         other engines that have one, within the node's engine memory; one without needs the node idle."""
         if self.registry is None or self._stop.is_set() or self.fail_stop.failing:
             return Refusal("busy", "the node is stopping")
+        if self.blocks is not None:
+            return Refusal("busy", f"the node serves blocks of {self.blocks.model}")
         if self.registry.local.lifecycle not in (Lifecycle.JOIN, Lifecycle.SERVING):
             return Refusal("busy", f"the node is {self.registry.local.lifecycle.name}, not idle")
         running = list(self.engines)
@@ -461,6 +515,8 @@ class NodeAgent:
                 self.registry.update_local(lifecycle=Lifecycle.LEFT, reason="shutdown")
                 await self.gossip.flush(timeout=2.0)
         await self._tasks.aclose()
+        if self.blocks is not None:
+            await self.blocks.aclose()
         await self.engines.aclose()
         await self.proxy.aclose()
         for part in (self.housekeeping, self.gossip, self.membership, self.host):

@@ -16,6 +16,10 @@ room; one without it needs an idle node. The answer is ``{"ok": true, "state": "
 ``{"op": "stop", "model": "M"}`` stops the engine serving M and returns its memory, leaving the node's other
 engines alone: ``{"ok": true, "state": "stopped", "model": "M"}``, or ``not_found`` when none serves it.
 
+``{"op": "blocks", "model": "M", "start": A, "end": E}`` makes an idle node a block server for blocks [A, E) of
+the split model M (node/block_server.py): ``{"ok": true, "state": "loading", ...}``, then SERVING with the span in
+its record; ``busy`` when the node already serves something.
+
 What follows an accepted assignment (SERVING, or back to idle with ``assignment failed: ...`` as the record's
 reason) is in the registry record.
 
@@ -168,10 +172,12 @@ class ControlService:
         busy: Callable[[EngineAssignment], Refusal | None],
         start: Callable[[EngineAssignment], None],
         stop: Callable[[str], bool] | None = None,
+        blocks: Callable[[str, int, int], Refusal | None] | None = None,
     ) -> None:
         self.controllers = frozenset(controllers)
         self.accept_any = accept_any
         self._busy, self._start, self._stop = busy, start, stop
+        self._blocks = blocks
         self.counters = {"accepted": 0, "refused": 0}
 
     def __repr__(self) -> str:
@@ -217,6 +223,9 @@ class ControlService:
             return
         if isinstance(message, Mapping) and message.get("op") == "stop":
             await self._handle_stop(stream, message, sender)
+            return
+        if isinstance(message, Mapping) and message.get("op") == "blocks":
+            await self._handle_blocks(stream, message, sender)
             return
         try:
             assignment = self.check(message, sender)
@@ -265,6 +274,35 @@ class ControlService:
         self.counters["stopped"] = self.counters.get("stopped", 0) + 1
         logger.info("engine stop accepted", extra={"controller": sender, "model": model})
         await self._answer(stream, {"ok": True, "state": "stopped", "model": model})
+
+    async def _handle_blocks(self, stream: Stream, message: Mapping[str, Any], sender: PeerId) -> None:
+        model, start, end = message.get("model"), message.get("start"), message.get("end")
+        try:
+            self.authorise(sender)
+            if not isinstance(model, str) or not model or len(model) > 512:
+                raise Refusal("bad_request", "'model' must be a non-empty string")
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (start, end)):
+                raise Refusal("bad_request", "'start' and 'end' must be integers")
+            assert isinstance(start, int) and isinstance(end, int)
+            if not 0 <= start < end:
+                raise Refusal("bad_request", "blocks need 0 <= start < end (the range is [start, end))")
+            if self._blocks is None:
+                raise Refusal("bad_request", "this node does not serve blocks")
+            refusal = self._blocks(model, start, end)
+            if refusal is not None:
+                raise refusal
+        except Refusal as exc:
+            self.counters["refused"] += 1
+            await self._answer(stream, {"ok": False, "code": exc.code, "error": str(exc)})
+            return
+        self.counters["accepted"] += 1
+        logger.info(
+            "block assignment accepted",
+            extra={"controller": sender, "model": model, "blocks": f"{start}-{end}"},
+        )
+        await self._answer(
+            stream, {"ok": True, "state": "loading", "model": model, "start": start, "end": end}
+        )
 
     @staticmethod
     async def _answer(stream: Stream, answer: dict[str, Any]) -> None:

@@ -11,10 +11,20 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from opentela._types import PROTO_CONTROL, PROTO_DEMAND, PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
+from opentela._types import (
+    PROTO_BLOCKS,
+    PROTO_CONTROL,
+    PROTO_DEMAND,
+    PROTO_HTTP,
+    Lifecycle,
+    PeerId,
+    SessionId,
+    Stream,
+)
 from opentela.errors import OpenTelaError
 from opentela.fabric.host import Host
 from opentela.fabric.memory import memory_stream_pair
+from opentela.node.block_server import BlockServer
 from opentela.node.control import ControlService
 from opentela.node.http_service import LocalEngineProxy
 from opentela.node.notices import Notices
@@ -51,6 +61,8 @@ class MeshView:
         self._spawn = spawn
         self.notices = notices if notices is not None else Notices()
         self.failures: dict[str, int] = {}
+        self.blocks: BlockServer | None = None
+        """This node's own block server, reached in-process."""
 
     def __repr__(self) -> str:
         return f"<MeshView {self.peer_id[-8:]} session={self.session_id[:8]} records={len(self.registry)}>"
@@ -115,6 +127,18 @@ class MeshView:
             return ours
         return await self.host.open_stream(target.peer_id, PROTO_HTTP, addrs=target.addrs, timeout=timeout)
 
+    def block_servers(self) -> list[NodeRecord]:
+        """SERVING records that serve blocks of a split model, without the peers our liveness layer suspects."""
+        return [r for r in self.live_records() if r.blocks and r.lifecycle is Lifecycle.SERVING]
+
+    async def open_block_stream(self, target: NodeRecord, timeout: float) -> Stream:
+        """A /otela/blocks/1 stream to `target`'s block server; to ourselves it never leaves the process."""
+        if target.session_id == self.session_id and self.blocks is not None:
+            ours, theirs = memory_stream_pair(PROTO_BLOCKS, self.peer_id, self.peer_id)
+            self._spawn(self.blocks.handle_stream(theirs), "local-blocks")
+            return ours
+        return await self.host.open_stream(target.peer_id, PROTO_BLOCKS, addrs=target.addrs, timeout=timeout)
+
     async def open_control_stream(self, peer_id: PeerId, timeout: float) -> Stream:
         """A /otela/control/1 stream to `peer_id`, dialled at the addresses its live record gives."""
         addrs = next((r.addrs for r in self.live_records() if r.peer_id == peer_id), ())
@@ -167,6 +191,7 @@ class MeshView:
             "failures_by_session": dict(self.failures),
             "control": dict(self.control.counters),
             "notices": self.notices.snapshot(),
+            **({"blocks": self.blocks.stats()} if self.blocks is not None else {}),
         }
 
     def health(self) -> dict[str, Any]:

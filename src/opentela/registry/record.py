@@ -65,6 +65,32 @@ class ModelEntry:
 
 
 @dataclass(frozen=True)
+class BlockSpan:
+    """Decoder blocks [start, end) of a split model that a node serves, with what a router needs to pick it."""
+
+    model: str
+    start: int
+    end: int
+    total: int
+    """How many blocks the whole model has."""
+    cache_bytes: int = 0
+    """Attention-cache memory the server has for sessions."""
+    block_ms: float = 0.0
+    """Measured time of one block on one token (decode), for routing and placement."""
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain dict for msgpack/JSON."""
+        return {
+            "model": self.model,
+            "start": self.start,
+            "end": self.end,
+            "total": self.total,
+            "cache_bytes": self.cache_bytes,
+            "block_ms": self.block_ms,
+        }
+
+
+@dataclass(frozen=True)
 class NodeRecord:
     """The value of one registry key; merge keeps the record with the greater (lifecycle, version)."""
 
@@ -86,6 +112,8 @@ class NodeRecord:
     reason: str = ""
     signature: bytes = b""
     membership: bytes = b""  # the owner's membership proof in a closed network (fabric/tokens.py)
+    blocks: tuple[BlockSpan, ...] = ()
+    """Block ranges of split models this node serves (node/block_server.py)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lifecycle", Lifecycle(self.lifecycle))
@@ -93,6 +121,7 @@ class NodeRecord:
         object.__setattr__(self, "relays", tuple(self.relays))
         object.__setattr__(self, "roles", tuple(self.roles))
         object.__setattr__(self, "models", tuple(self.models))
+        object.__setattr__(self, "blocks", tuple(self.blocks))
         object.__setattr__(self, "hardware", _freeze(self.hardware))
 
     def __repr__(self) -> str:
@@ -132,6 +161,8 @@ class NodeRecord:
             "signature": self.signature,
             # Only in closed networks, so open-network records keep their size and signed bytes.
             **({"membership": self.membership} if self.membership else {}),
+            # Only on nodes serving split models, so other records keep their size and signed bytes.
+            **({"blocks": [b.to_wire() for b in self.blocks]} if self.blocks else {}),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -203,6 +234,7 @@ class NodeRecord:
             roles=(),
             hardware={},
             models=(),
+            blocks=(),
             **changes,
         )
 
@@ -332,6 +364,22 @@ def _model_entry(m: Any) -> ModelEntry:
     return ModelEntry(_text(m, "id", empty_ok=False), _text(m, "engine"), settings)
 
 
+def _block_span(b: Any) -> BlockSpan:
+    if not isinstance(b, dict) or set(b) - {"model", "start", "end", "total", "cache_bytes", "block_ms"}:
+        raise ValueError("a block span must be a map of model, start, end, total, cache_bytes and block_ms")
+    start, end, total = (int(_number(b, k, high=1_000_000)) for k in ("start", "end", "total"))
+    if not (start < end <= total) or any(not isinstance(b[k], int) for k in ("start", "end", "total")):
+        raise ValueError("a block span needs integers start < end <= total")
+    return BlockSpan(
+        _text(b, "model", empty_ok=False),
+        start,
+        end,
+        total,
+        int(_number(b, "cache_bytes")) if "cache_bytes" in b else 0,
+        _number(b, "block_ms", high=1e9) if "block_ms" in b else 0.0,
+    )
+
+
 def _validated(obj: dict[str, Any]) -> NodeRecord:
     lifecycle = obj["lifecycle"]
     if isinstance(lifecycle, bool) or lifecycle not in {int(x) for x in Lifecycle}:
@@ -353,6 +401,10 @@ def _validated(obj: dict[str, Any]) -> NodeRecord:
     signature = obj["signature"]
     if not isinstance(signature, bytes) or len(signature) != 64:
         raise ValueError("record signature must be 64 bytes")
+    blocks_raw = obj.get("blocks", [])
+    if not isinstance(blocks_raw, list | tuple) or len(blocks_raw) > MAX_LIST:
+        raise ValueError(f"record blocks must be a list of at most {MAX_LIST} spans")
+    blocks = tuple(_block_span(b) for b in blocks_raw)
     membership = obj.get("membership", b"")
     if not isinstance(membership, bytes) or len(membership) > MAX_MEMBERSHIP_BYTES:
         raise ValueError(f"record membership must be at most {MAX_MEMBERSHIP_BYTES} bytes")
@@ -373,9 +425,10 @@ def _validated(obj: dict[str, Any]) -> NodeRecord:
         reason=_text(obj, "reason"),
         signature=signature,
         membership=membership,
+        blocks=blocks,
     )
     if record.lifecycle is Lifecycle.LEFT and (
-        record.addrs or record.relays or record.roles or record.hardware or record.models
+        record.addrs or record.relays or record.roles or record.hardware or record.models or record.blocks
     ):
         raise ValueError("a LEFT record is a tombstone: it carries no addresses, roles, hardware or models")
     return record

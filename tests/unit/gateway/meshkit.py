@@ -105,6 +105,12 @@ class InProcessMesh:
     def report_failure(self, target: NodeRecord, error: OpenTelaError) -> None:
         self.failures.append((target.session_id, error.code))
 
+    def block_servers(self) -> list[NodeRecord]:
+        return [r for r in self.records.values() if r.blocks and r.lifecycle is Lifecycle.SERVING]
+
+    async def open_block_stream(self, target: NodeRecord, timeout: float) -> Stream:
+        raise AssertionError("these tests run no block servers")
+
     def controllers(self) -> list[NodeRecord]:
         if self.demand is None:
             return []

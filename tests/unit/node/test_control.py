@@ -163,3 +163,35 @@ async def test_answers_on_the_wire() -> None:
     answer = await exchange(svc, STRANGER, assign())
     assert answer == {"ok": False, "code": "not_authorised", "error": answer["error"]}
     assert svc.counters == {"accepted": 1, "refused": 1}
+
+
+async def test_a_block_assignment_is_checked_then_handed_to_the_node() -> None:
+    taken: list[tuple[str, int, int]] = []
+
+    def blocks(model: str, start: int, end: int) -> Refusal | None:
+        if taken:
+            return Refusal("busy", "already serves blocks")
+        taken.append((model, start, end))
+        return None
+
+    svc = ControlService((CONTROLLER,), False, lambda _a: None, lambda _a: None, None, blocks)
+    ok = await exchange(svc, CONTROLLER, {"op": "blocks", "model": "m", "start": 0, "end": 10})
+    assert ok == {"ok": True, "state": "loading", "model": "m", "start": 0, "end": 10}
+    assert taken == [("m", 0, 10)]
+    busy = await exchange(svc, CONTROLLER, {"op": "blocks", "model": "m", "start": 10, "end": 20})
+    assert (busy["ok"], busy["code"]) == (False, "busy")
+    stranger = await exchange(svc, STRANGER, {"op": "blocks", "model": "m", "start": 0, "end": 1})
+    assert stranger["code"] == "not_authorised"
+    for bad in (
+        {"start": 5, "end": 5},
+        {"start": -1, "end": 3},
+        {"start": "0", "end": 3},
+        {"start": None},
+        {"model": ""},
+    ):
+        answer = await exchange(svc, CONTROLLER, {"op": "blocks", "model": "m", "start": 0, "end": 4, **bad})
+        assert answer["code"] == "bad_request", bad
+    assert taken == [("m", 0, 10)]
+    no_blocks, _ = service()
+    answer = await exchange(no_blocks, CONTROLLER, {"op": "blocks", "model": "m", "start": 0, "end": 4})
+    assert answer["code"] == "bad_request"

@@ -9,6 +9,7 @@ from aiohttp import web
 from opentela import openai_edge as edge
 from opentela.errors import ModelNotFoundError, NoHealthyReplicaError
 from opentela.gateway.call import Call, parse_body
+from opentela.gateway.routes.split import handle_split
 from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, state_of
 
 
@@ -37,6 +38,9 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     try:
         call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
     except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
+        model = parse_body(raw).model
+        if model in st.split.served():
+            return await handle_split(request, raw, model)
         # A serverless model with no live replica: wait while a controller starts one (gateway/hold.py).
         if not st.hold.may_hold():
             raise

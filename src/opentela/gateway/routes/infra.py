@@ -52,7 +52,35 @@ async def list_models(request: web.Request) -> web.Response:
                 "replicas": [_replica(gw, r, model) for r in records],
             }
         )
+    whole = {m["id"] for m in data}
+    for model, records in sorted(gw.split.served().items()):
+        if model in whole:
+            continue  # served whole somewhere: requests go to those replicas
+        data.append(
+            {
+                "id": model,
+                "object": "model",
+                "created": int(min(r.started_at for r in records)),
+                "owned_by": "opentela",
+                "split": True,
+                "block_servers": [_block_server(gw, r, model) for r in records],
+            }
+        )
     return web.json_response({"object": "list", "data": data})
+
+
+def _block_server(gw: GatewayState, record: NodeRecord, model: str) -> dict[str, Any]:
+    spans = [s for s in record.blocks if s.model == model]
+    return {
+        "session_id": record.session_id,
+        "peer_id": record.peer_id,
+        "provider_id": record.provider_id,
+        "suspected": gw.mesh.is_suspected(record.peer_id),
+        "blocks": [[s.start, s.end] for s in spans],
+        "total_blocks": spans[0].total if spans else 0,
+        "block_ms": spans[0].block_ms if spans else 0.0,
+        "hardware": _hardware_summary(record),
+    }
 
 
 async def dnt_table(request: web.Request) -> web.Response:
@@ -86,6 +114,8 @@ async def dnt_stats(request: web.Request) -> web.Response:
         "cooldowns": gw.router.health.cooldowns,
         "cooling": gw.router.health.cooling(),
     }
+    if gw.split.any_served():
+        stats["split_models"] = gw.split.stats()
     return web.json_response(stats)
 
 
