@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -59,8 +60,14 @@ def _median(xs: list[float]) -> float:
 
 async def stream_one(http: aiohttp.ClientSession, url: str, prompt: str, tokens: int) -> dict[str, float]:
     """One greedy streamed completion: time to first token, median gap between the next ones, decode rate."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     began = time.perf_counter()
     stamps: list[float] = []
     count = 0
@@ -74,7 +81,7 @@ async def stream_one(http: aiohttp.ClientSession, url: str, prompt: str, tokens:
                 count = event["usage"]["completion_tokens"]
             if event.get("choices") and event["choices"][0].get("text"):
                 stamps.append(time.perf_counter())
-    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
     decode = stamps[-1] - stamps[0] if len(stamps) > 1 else float("nan")
     return {
         "ttft_ms": (stamps[0] - began) * 1e3 if stamps else float("nan"),
@@ -122,7 +129,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await mesh.add_worker(name, None, "--blocks", f"{MODEL}:{a}-{b}")
             meshes[label] = mesh
         for label, mesh in meshes.items():
-            await mesh.wait_for(lambda m=mesh, n=len(CHAINS[label]): _served(m, n), timeout=120, what=label)
+            await _wait_served(mesh, len(CHAINS[label]), label)
         port = free_port()
         argv = embedded_engine_argv(threads=os.cpu_count() or 1, parallel=1)
         argv = [*argv, "--port", str(port)]
@@ -147,19 +154,28 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             three = meshes["3 servers"].api
             began = time.perf_counter()
             together = await asyncio.gather(
-                *(stream_one(http, three, PROMPTS[i % len(PROMPTS)], args.tokens) for i in range(args.concurrency))
+                *(
+                    stream_one(http, three, PROMPTS[i % len(PROMPTS)], args.tokens)
+                    for i in range(args.concurrency)
+                )
             )
             wall = time.perf_counter() - began
         summary = {
             label: {
                 "token_ms_p50": round(_median([x["token_ms"] for x in rows]), 2),
                 "tokens_per_s": round(1000 / _median([x["token_ms"] for x in rows]), 1),
-                **({"ttft_ms_p50": round(_median([x["ttft_ms"] for x in rows]), 1)} if "ttft_ms" in rows[0] else {}),
+                **(
+                    {"ttft_ms_p50": round(_median([x["ttft_ms"] for x in rows]), 1)}
+                    if "ttft_ms" in rows[0]
+                    else {}
+                ),
             }
             for label, rows in results.items()
         }
         for label, rows in timings.items():
-            share = {k: round(_median([row.get(k, 0.0) for row in rows]), 3) for k in ("head", "blocks", "fabric")}
+            share = {
+                k: round(_median([row.get(k, 0.0) for row in rows]), 3) for k in ("head", "blocks", "fabric")
+            }
             total = sum(share.values()) or 1.0
             summary[label]["per_token_ms"] = share
             summary[label]["fabric_share"] = round(share["fabric"] / total, 3)
@@ -189,6 +205,13 @@ def _server_timing(work: Path) -> Path:
     path = work / "ingress.toml"
     path.write_text("[gateway]\nserver_timing = true\n")
     return path
+
+
+async def _wait_served(mesh: LocalMesh, servers: int, label: str) -> None:
+    async def probe() -> bool:
+        return await _served(mesh, servers)
+
+    await mesh.wait_for(probe, timeout=120, what=label)
 
 
 async def _served(mesh: LocalMesh, servers: int) -> bool:
@@ -221,14 +244,17 @@ def write_docs(result: dict[str, Any]) -> None:
         share = row.get("per_token_ms", {})
         rows.append(
             f"| {label} | {row['token_ms_p50']:.1f} | {row['tokens_per_s']:.1f} | {row.get('ttft_ms_p50', '-')} | "
-            + (f"{share['head']:.2f} / {share['blocks']:.2f} / {share['fabric']:.2f} | {row['fabric_share']:.0%} |"
-               if share else "- | - |")
+            + (
+                f"{share['head']:.2f} / {share['blocks']:.2f} / {share['fabric']:.2f} | {row['fabric_share']:.0%} |"
+                if share
+                else "- | - |"
+            )
         )
     c = s["3 servers, concurrent"]
     text = f"""# Pipeline: SmolLM2 split over block servers
 
-`benchmarks/pipeline.py`, {result['rounds']} interleaved rounds of greedy {result['tokens']}-token completions;
-{result['cpus']} CPUs, load average {result['loadavg'][0]:.2f} at the start and {result['loadavg_end'][0]:.2f} at the
+`benchmarks/pipeline.py`, {result["rounds"]} interleaved rounds of greedy {result["tokens"]}-token completions;
+{result["cpus"]} CPUs, load average {result["loadavg"][0]:.2f} at the start and {result["loadavg_end"][0]:.2f} at the
 end. Every setup runs at once on loopback; absolute times depend on this shared machine, compare the rows.
 
 | setup | ms per token (p50) | tokens/s | TTFT ms (p50) | head / blocks / fabric ms per token | fabric share |
@@ -241,8 +267,8 @@ end. Every setup runs at once on loopback; absolute times depend on this shared 
   the block servers' compute, and the rest of every step's round trips (framing, the mux, loopback TCP, the
   servers' event loops).
 
-{c['streams']} concurrent streams over the 3-server chain: {c['aggregate_tokens_per_s']:.1f} tokens/s in all,
-{c['token_ms_p50']:.1f} ms per token each (the servers work on different sessions' steps at the same time).
+{c["streams"]} concurrent streams over the 3-server chain: {c["aggregate_tokens_per_s"]:.1f} tokens/s in all,
+{c["token_ms_p50"]:.1f} ms per token each (the servers work on different sessions' steps at the same time).
 """
     (out / "pipeline.md").write_text(text)
 

@@ -74,7 +74,9 @@ async def start_split_mesh(tmp_path: Path, spans: dict[str, tuple[int, int]], *e
     await mesh.start_ingress(*extra)
     for name, (first, end) in spans.items():
         await mesh.add_worker(name, None, "--blocks", f"{MODEL}:{first}-{end}")
-    await mesh.wait_for(lambda: _split_served(mesh, len(spans)), timeout=90, what="the split model at the ingress")
+    await mesh.wait_for(
+        lambda: _split_served(mesh, len(spans)), timeout=90, what="the split model at the ingress"
+    )
     return mesh
 
 

@@ -62,7 +62,7 @@ class SplitModels:
     # --- what is served --------------------------------------------------------------------------------------
     def spans(self, model: str, trusted: frozenset[str] | None = None) -> list[tuple[NodeRecord, BlockSpan]]:
         """Every live server's span of `model` (from providers on `trusted`, when given)."""
-        out = []
+        out: list[tuple[NodeRecord, BlockSpan]] = []
         for record in self.mesh.block_servers():
             if trusted is not None and record.provider_id not in trusted:
                 continue

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from opentela import openai_edge as edge
@@ -32,7 +34,8 @@ async def handle_split(request: web.Request, raw: bytes, model: str) -> web.Stre
             f"{model} is split across block servers: it serves chat and completions only"
         )
     body = edge.parse_body(raw)
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    raw_metadata = body.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
     trusted = resolve_allowlist(
         request.headers.get(TRUST_HEADER), metadata.get("trusted_providers"), st.config.trusted_providers
     )
