@@ -109,6 +109,7 @@ async def test_split_model_is_listed_with_its_block_servers(split_mesh: LocalMes
     assert all(s["total_blocks"] == 30 and s["block_ms"] > 0 for s in servers)
 
 
+@pytest.mark.timeout(400)
 async def test_greedy_tokens_equal_the_one_process_pipeline(
     split_mesh: LocalMesh, reference: LocalPipeline, tokenizer: GGUFTokenizer
 ) -> None:
@@ -122,7 +123,10 @@ async def test_greedy_tokens_equal_the_one_process_pipeline(
             assert resp.headers["X-Otela-Chain"].count(",") == 2
         return answer["choices"][0]["text"], answer["usage"]["completion_tokens"]
 
-    served = await asyncio.gather(*(one(p) for p in PROMPTS))
+    # Four at a time: the servers pipeline different sessions' steps without starving the 2-core machine.
+    served = []
+    for group in range(0, len(PROMPTS), 4):
+        served += await asyncio.gather(*(one(p) for p in PROMPTS[group : group + 4]))
     for prompt, (text, count) in zip(PROMPTS, served, strict=True):
         expected = await reference_tokens(reference, tokenizer, prompt)
         assert count == len(expected), prompt

@@ -36,6 +36,7 @@ from opentela.registry.record import NodeRecord
 from opentela.scheduler.controller import FleetController
 from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
+from opentela.scheduler.pipeline_control import BlockAssignment, PipelineController
 from opentela.scheduler.serverless import ServerlessController
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,13 @@ class FleetControllerNode:
         self.serverless = (
             ServerlessController(catalog.serverless, self.records, self.send) if catalog.serverless else None
         )
+        self.pipelines = PipelineController(
+            catalog.pipelines,
+            self.records,
+            self.dry_run_send if dry_run else self.send,
+            catalog.hardware,
+            assign_timeout_s=catalog.assign_timeout_s,
+        )
 
     def serve_demand(self) -> None:
         """Answer ingresses' wants for serverless models (/otela/demand/1), and time their cold starts."""
@@ -228,6 +236,12 @@ class FleetControllerNode:
         while not stop.is_set():
             self.wake.clear()
             self.controller.observed_rates = observed_by_workload(self.catalog, await rates.sample(http))
+            if self.catalog.pipelines:
+                # Split models first: they need several nodes, where whole models scale out onto any.
+                for blocks, answer in await self.pipelines.run_round(await ingress_rtt(http, ingress)):
+                    print_blocks_result(blocks, answer)
+                    if answer.get("ok"):
+                        self.controller.reserve(blocks.peer_id, blocks.model)
             for assignment, answer in await self.controller.run_round():
                 print_result(assignment, answer)
             if once:
@@ -242,6 +256,34 @@ class FleetControllerNode:
                             w.cancel()
             if self.wake.is_set() and not stop.is_set():
                 await asyncio.sleep(1.0)  # let the joining node's record settle (and others join with it)
+
+
+async def ingress_rtt(http: aiohttp.ClientSession, ingress: str) -> dict[str, float]:
+    """The ingress's measured round trips to its peers in ms (empty when it cannot say)."""
+    url = ingress.rstrip("/").removesuffix("/v1") + "/v1/dnt/rtt"
+    try:
+        async with http.get(url) as resp:
+            doc = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        logger.info("no round trips from the ingress: %s", exc)
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    rows = [row for row in doc.values() if isinstance(row, dict)]
+    return {str(p): float(ms) for p, ms in (rows[0].items() if rows else ()) if isinstance(ms, int | float)}
+
+
+def print_blocks_result(a: BlockAssignment, answer: Mapping[str, Any]) -> None:
+    """One JSON line per block assignment on stdout."""
+    line = {
+        "event": "blocks",
+        "peer_id": a.peer_id,
+        "model": a.model,
+        "blocks": [a.start, a.end],
+        "ok": bool(answer.get("ok")),
+        **{k: answer[k] for k in ("state", "code", "error", "dry_run") if k in answer},
+    }
+    print(json.dumps(line), flush=True)
 
 
 def print_result(a: ReplicaAssignment, answer: Mapping[str, Any]) -> None:
@@ -295,8 +337,9 @@ async def run_controller(args: argparse.Namespace) -> int:
             print(f"controller {agent.peer_id}", file=sys.stderr)
             print(f"key        {Path(args.key_file or config_home() / 'controller.key')}", file=sys.stderr)
             print(f"bootstrap  {','.join(bootstrap)}", file=sys.stderr)
+            names = [m.id for m in catalog.models] + [f"{p.id} (split)" for p in catalog.pipelines]
             print(
-                f"catalog    {', '.join(m.id for m in catalog.models)} (policy {catalog.policy})",
+                f"catalog    {', '.join(names)} (policy {catalog.policy})",
                 file=sys.stderr,
             )
             print(

@@ -39,7 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="YAML/JSON: model, servers (name + gpu, or memory_gib + tau_decode_ms), clients, requests, rtt_ms",
     )
     g.add_argument(
-        "--rtt", metavar="FILE", help="measured RTTs in ms: YAML/JSON {client: {server: ms}} or CSV"
+        "--rtt",
+        metavar="FILE|URL",
+        help="RTTs in ms: YAML/JSON {client: {server: ms}} or CSV; or a node's URL, whose probes measured them "
+        "(its /v1/dnt/rtt: the node is the client, servers are named by peer id)",
     )
     g.add_argument("--algorithm", choices=ALGORITHMS, default="cg-bprr", help="planner (default cg-bprr)")
     g.add_argument("--requests", type=int, metavar="N", help="|R|: requests per client (overrides the file)")
@@ -70,6 +73,22 @@ def run(ns: argparse.Namespace) -> int:
     return 0 if doc["status"] in ("optimal", "feasible") else 1
 
 
+def fetch_rtt(url: str) -> dict[str, dict[str, float]]:
+    """The round trips a live node measured to its peers (GET /v1/dnt/rtt), as an RTT table."""
+    import urllib.error
+    import urllib.request
+
+    from opentela.scheduler.bprr.spec_file import rtt_table
+
+    where = url.rstrip("/").removesuffix("/v1") + "/v1/dnt/rtt"
+    try:
+        with urllib.request.urlopen(where, timeout=10) as resp:
+            doc = json.loads(resp.read())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read measured RTTs from {where}: {exc}") from None
+    return rtt_table(doc, where)
+
+
 def pipeline_command(ns: argparse.Namespace) -> dict[str, Any]:
     """Plan the split model of `--pipeline`; returns the JSON document printed."""
     from opentela.scheduler import bprr
@@ -83,7 +102,11 @@ def pipeline_command(ns: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--rate must be positive")
     if not 0 < ns.mem_util <= 1:
         raise ConfigError("--mem-util must be in (0, 1]")
-    rtt = load_rtt_file(ns.rtt) if ns.rtt else None
+    rtt = (
+        (fetch_rtt(ns.rtt) if ns.rtt.startswith(("http://", "https://")) else load_rtt_file(ns.rtt))
+        if ns.rtt
+        else None
+    )
     instance = load_pipeline(
         ns.pipeline,
         load_catalog(ns.hardware),

@@ -156,6 +156,13 @@ class GatewayConfig:
         default=3,
         metadata={"help": "Servers of a split model one request may replace before it fails."},
     )
+    split_head_threads: int = field(
+        default=1,
+        metadata={
+            "help": "BLAS threads for a split model's embedding and LM head at the ingress (the same count as "
+            "the block servers' keeps results reproducible, docs/pipeline.md); 0: NumPy's default."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.split_forwarding not in ("client", "server"):
@@ -166,6 +173,8 @@ class GatewayConfig:
             )
         if not self.split_step_timeout > 0 or self.split_max_failovers < 0:
             raise ConfigError("split_step_timeout must be positive and split_max_failovers >= 0")
+        if self.split_head_threads < 0:
+            raise ConfigError("split_head_threads must be >= 0 (0: NumPy's default)")
         self.split_files()
         if self.max_output_tokens < 1:
             raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")

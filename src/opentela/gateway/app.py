@@ -47,6 +47,7 @@ class Gateway:
         app.router.add_get("/v1/models", infra.list_models)
         app.router.add_get("/v1/dnt/table", infra.dnt_table)
         app.router.add_get("/v1/dnt/peers", infra.dnt_peers)
+        app.router.add_get("/v1/dnt/rtt", infra.dnt_rtt)
         app.router.add_get("/v1/dnt/bootstraps", infra.dnt_bootstraps)
         app.router.add_get("/v1/dnt/stats", infra.dnt_stats)
         app.router.add_get("/v1/dnt/serverless", infra.dnt_serverless)

@@ -22,6 +22,7 @@ from opentela.gateway._config import GatewayConfig
 from opentela.gateway.mesh import Mesh
 from opentela.model.config import ModelConfig
 from opentela.model.head import ClientHead
+from opentela.model.threads import set_blas_threads
 from opentela.model.tokenizer import GGUFTokenizer
 from opentela.registry.record import BlockSpan, NodeRecord
 
@@ -107,7 +108,9 @@ class SplitModels:
         pending = self._loading.get(model)
         if pending is None:
             path = self.model_file(model)
-            pending = asyncio.ensure_future(asyncio.to_thread(_load_assets, path))
+            pending = asyncio.ensure_future(
+                asyncio.to_thread(_load_assets, path, self.config.split_head_threads)
+            )
             self._loading[model] = pending
         try:
             assets = await asyncio.shield(pending)
@@ -208,7 +211,8 @@ def _covers(spans: Iterable[BlockSpan], total: int) -> bool:
     return reach >= total
 
 
-def _load_assets(path: str) -> SplitAssets:
+def _load_assets(path: str, threads: int) -> SplitAssets:
+    set_blas_threads(threads)
     if not Path(path).is_file():
         raise ModelNotFoundError(f"split model weights file {path} does not exist", param="model")
     config = ModelConfig.from_gguf(path)

@@ -13,6 +13,7 @@ from opentela.model.blocks import BlockStack
 from opentela.model.config import ModelConfig
 from opentela.model.head import ClientHead
 from opentela.model.sampling import GREEDY, SamplingParams, sample
+from opentela.model.threads import DEFAULT_THREADS, set_blas_threads
 
 DEFAULT_SPLITS = ((0, 10), (10, 20), (20, 30))
 
@@ -23,7 +24,8 @@ class LocalPipeline:
     `generate` runs the embedded prompt through every stack as one chunk, then one token per step; logits
     come from the last row alone (``logits(out[-1:])``) and tokens from `sample` with one generator seeded
     from the sampling params. A split pipeline that makes the same calls with the same shapes gets the same
-    bits, so it must keep to this pattern (no re-chunking of the prompt, no batching of sessions).
+    bits, so it must keep to this pattern (no re-chunking of the prompt, no batching of sessions), and run with
+    the servers' BLAS thread count, which `threads` sets for the whole process (model/threads.py).
     """
 
     def __init__(
@@ -31,7 +33,10 @@ class LocalPipeline:
         path: str | os.PathLike[str],
         splits: Sequence[tuple[int, int]] = DEFAULT_SPLITS,
         backend: str | Backend = "numpy",
+        threads: int | None = DEFAULT_THREADS,
     ) -> None:
+        # The servers' thread count, so the reference computes the same bits (model/threads.py).
+        set_blas_threads(threads)
         self.path = str(path)
         self.config = ModelConfig.from_gguf(path)
         spans = [(int(a), int(b)) for a, b in splits]

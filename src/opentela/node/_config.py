@@ -192,6 +192,13 @@ class NodeConfig:
         default=256,
         metadata={"help": "Memory for the attention caches of the block server's sessions, in MiB."},
     )
+    blocks_threads: int = field(
+        default=1,
+        metadata={
+            "help": "BLAS threads for the block math; every server of a model should use the same count, which "
+            "keeps a replayed session bit-exact (docs/pipeline.md); 0: NumPy's default (one per core)."
+        },
+    )
     blocks_session_ttl: float = field(
         default=300.0,
         metadata={
@@ -252,6 +259,8 @@ class NodeConfig:
             self.block_range()
         if self.blocks_cache_mib < 1 or not self.blocks_session_ttl > 0:
             raise ConfigError("[node] blocks_cache_mib must be >= 1 and blocks_session_ttl positive")
+        if self.blocks_threads < 0:
+            raise ConfigError("[node] blocks_threads must be >= 0 (0: NumPy's default)")
         if self.accept_assignments not in ("listed", "any"):
             raise ConfigError(
                 f"[node] accept_assignments must be `listed` or `any`, not {self.accept_assignments!r}"

@@ -26,6 +26,7 @@ from opentela.fabric.admission import admission_from_config
 from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
+from opentela.model.threads import set_blas_threads
 from opentela.node._config import NodeConfig, Role
 from opentela.node.block_server import BlockServer
 from opentela.node.control import ControlService, EngineAssignment, Refusal
@@ -284,6 +285,7 @@ class NodeAgent:
             assert self.host is not None
             return await self.host.open_stream(peer, PROTO_BLOCKS, addrs=addrs, timeout=timeout)
 
+        set_blas_threads(cfg.blocks_threads)
         return BlockServer(
             model,
             path,

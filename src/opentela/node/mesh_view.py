@@ -167,6 +167,12 @@ class MeshView:
         """Connected and known peers with their liveness."""
         return self.membership.snapshot()
 
+    def rtt(self) -> dict[str, dict[str, float]]:
+        """Measured round trips from this node to every live peer, ``{this peer: {peer: ms}}`` (an RTT file)."""
+        live = {r.peer_id for r in self.live_records()}
+        measured = self.membership.rtt.snapshot()
+        return {self.host.peer_id: {p: m["ms"] for p, m in measured.items() if p in live}}
+
     def bootstraps(self) -> dict[str, Any]:
         """Configured bootstrap peers and our own joinable address."""
         return {"configured": list(self.bootstrap), "self": [self.bootstrap_addr]}

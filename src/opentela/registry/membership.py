@@ -35,6 +35,7 @@ from opentela.registry.evictions import EvictionEvidence, Outcome
 from opentela.registry.local_health import LocalHealth, LoopLag
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
+from opentela.registry.rtt import RttTable
 from opentela.registry.swim import Member, Status, SwimState, Update
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,7 @@ class Membership:
         self._refutations_seen = 0
         self.unreachable: dict[PeerId, str] = {}
         self.last_seen: dict[PeerId, float] = {}
+        self.rtt = RttTable()
         self._probing: set[SessionId] = set()
         self._releasing: set[SessionId] = set()
         self._asking: set[SessionId] = set()
@@ -474,9 +476,12 @@ class Membership:
         message: dict[str, Any] = {"p": member.session}
         if updates := self._updates_for(member.session):
             message["u"] = updates
+        began = time.perf_counter()
         reply = await self._exchange(
             member.peer, member.session, message, timeout or self.config.probe_timeout
         )
+        if reply is not None:
+            self.rtt.observe(member.peer, time.perf_counter() - began)
         return _answer(reply)
 
     async def call_ping_req(self, helper: Member, target: Member) -> int | None:

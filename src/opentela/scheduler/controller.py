@@ -90,6 +90,10 @@ class FleetController:
     def __repr__(self) -> str:
         return f"<FleetController rounds={self.rounds} in_flight={len(self._in_flight)}>"
 
+    def reserve(self, peer_id: str, what: str, version: int = 0) -> None:
+        """Leave `peer_id` out of the plans while it starts `what`, which another planner assigned it."""
+        self._in_flight[peer_id] = (time.monotonic(), what, version)
+
     def served_id(self, model: str) -> str:
         """The model id nodes announce for workload model `model`."""
         return self.config.served_as.get(model, model)

@@ -83,7 +83,7 @@ class IdleNode:
 
 
 def idle_nodes(records: Iterable[Any], *, cpu_nodes: bool = True) -> list[IdleNode]:
-    """Worker nodes that are up and serve no model, one entry per GPU type they hold (records as in the registry).
+    """Worker nodes that are up and serve no model (nor blocks of one), one entry per GPU type they hold.
 
     Ingress and controller nodes never count. A worker without GPUs counts as one CPU device when `cpu_nodes`
     (see `cpu_device`); GPUs whose name matches no catalog entry are left out.
@@ -92,6 +92,8 @@ def idle_nodes(records: Iterable[Any], *, cpu_nodes: bool = True) -> list[IdleNo
     for record in records:
         if Lifecycle(record.lifecycle) not in (Lifecycle.JOIN, Lifecycle.SERVING) or record.models:
             continue
+        if getattr(record, "blocks", ()):
+            continue  # a block server of a split model
         if record.roles and "worker" not in record.roles:
             continue
         if str(record.reason).startswith(STARTING):

@@ -14,11 +14,13 @@ from opentela.errors import ConfigError
 from opentela.scheduler.controller import ControllerConfig
 from opentela.scheduler.hardware import HardwareCatalog, load_catalog
 from opentela.scheduler.models import BYTES_PER_ELEMENT, load_model
+from opentela.scheduler.pipeline_control import PipelineModel, pipeline_model_from_gguf
 from opentela.scheduler.serverless import ServerlessModel, instance_memory_mib
 from opentela.scheduler.tables import SimSettings
 from opentela.scheduler.workload import LengthDist, Workload
 
-_MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload", "serverless"}
+_MODEL_KEYS = {"id", "config", "command", "engine", "options", "workload", "serverless", "pipeline"}
+_PIPELINE_KEYS = {"model_file", "concurrency", "input_len", "output_len", "memory_mib", "block_ms"}
 _SERVERLESS_KEYS = {"keep_alive_s", "memory_mib", "weights", "l_min", "cold_start_timeout_s", "profile"}
 _WORKLOAD_KEYS = {"rate", "input", "output", "observe"}
 _PLANNING_KEYS = {
@@ -54,6 +56,8 @@ class FleetCatalog:
     """Everything `otela controller` reads from its catalog file."""
 
     models: Sequence[CatalogModel]
+    pipelines: Sequence[PipelineModel] = ()
+    """Split models kept covered by block servers (scheduler/pipeline_control.py)."""
     policy: str = "cpsat"
     interval_s: float = 30.0
     assign_timeout_s: float = 600.0
@@ -101,6 +105,49 @@ def _number(raw: Mapping[str, Any], key: str, where: str, default: float, positi
     if positive and value <= 0:
         raise ConfigError(f"{where}: {key} must be positive, got {value!r}")
     return float(value)
+
+
+def _pipeline(raw: Mapping[str, Any], where: str, base: Path) -> PipelineModel:
+    """A model entry with a `pipeline:` section: split across block servers by the controller."""
+    model_id = raw.get("id")
+    if not isinstance(model_id, str) or not model_id:
+        raise ConfigError(f"{where}: 'id' (the model id block servers announce) is required")
+    extra = set(raw) - {"id", "pipeline"}
+    if extra:
+        raise ConfigError(f"{where}: a pipeline model takes only 'id' and 'pipeline', not {sorted(extra)}")
+    section = raw["pipeline"] if raw["pipeline"] is not True else {}
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"{where}.pipeline: expected true or a mapping of {sorted(_PIPELINE_KEYS)}")
+    unknown = set(section) - _PIPELINE_KEYS
+    if unknown:
+        raise ConfigError(
+            f"{where}.pipeline: unknown fields {sorted(unknown)}; known: {sorted(_PIPELINE_KEYS)}"
+        )
+    w = f"{where}.pipeline"
+    if section.get("model_file"):
+        path = base / str(section["model_file"])
+    else:
+        from opentela.model.locate import SMOLLM2_ID, default_model_path
+
+        if model_id != SMOLLM2_ID:
+            raise ConfigError(f"{w}: model_file (the model's GGUF file) is required for {model_id}")
+        path = default_model_path()
+    if not path.is_file():
+        raise ConfigError(f"{w}: model_file {path} does not exist")
+    memory = section.get("memory_mib")
+    block_ms = section.get("block_ms")
+    try:
+        return pipeline_model_from_gguf(
+            model_id,
+            str(path),
+            concurrency=int(_number(section, "concurrency", w, 4)),
+            input_len=int(_number(section, "input_len", w, 512)),
+            output_len=int(_number(section, "output_len", w, 512)),
+            memory_mib=None if memory is None else int(_number(section, "memory_mib", w, 1)),
+            block_ms=None if block_ms is None else _number(section, "block_ms", w, 1.0),
+        )
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"{w}: cannot read {path} as a GGUF model: {exc}") from None
 
 
 def _model(raw: Any, where: str, base: Path) -> CatalogModel:
@@ -213,7 +260,16 @@ def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = 
     unknown = set(raw) - {"models", "planning"}
     if unknown:
         raise ConfigError(f"{where}: unknown sections {sorted(unknown)}; known: models, planning")
-    models = [_model(m, f"{where}: models[{i}]", base) for i, m in enumerate(raw["models"])]
+    pipelines = [
+        _pipeline(m, f"{where}: models[{i}]", base)
+        for i, m in enumerate(raw["models"])
+        if isinstance(m, Mapping) and "pipeline" in m
+    ]
+    models = [
+        _model(m, f"{where}: models[{i}]", base)
+        for i, m in enumerate(raw["models"])
+        if not (isinstance(m, Mapping) and "pipeline" in m)
+    ]
     for key in ("id", "config"):
         seen: set[str] = set()
         # Placement knows kept models by their config; serverless ones may share one.
@@ -240,8 +296,12 @@ def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = 
             hardware = load_catalog(path)
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read hardware file {path}: {exc}") from None
+    ids = [m.id for m in models] + [p.id for p in pipelines]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{where}: two models share an id")
     return FleetCatalog(
         models=models,
+        pipelines=pipelines,
         policy=str(planning.get("policy", "cpsat")),
         interval_s=_number(planning, "interval_s", p, 30.0),
         assign_timeout_s=_number(planning, "assign_timeout_s", p, 600.0),

@@ -140,6 +140,9 @@ class InProcessMesh:
     def peers(self) -> list[dict[str, Any]]:
         return []
 
+    def rtt(self) -> dict[str, dict[str, float]]:
+        return {}
+
     def bootstraps(self) -> dict[str, Any]:
         return {"configured": [], "self": []}
 

@@ -93,6 +93,11 @@ async def dnt_peers(request: web.Request) -> web.Response:
     return web.json_response(state_of(request).mesh.peers())
 
 
+async def dnt_rtt(request: web.Request) -> web.Response:
+    """GET /v1/dnt/rtt: this node's measured round trips to live peers in ms, ``{self: {peer: ms}}``."""
+    return web.json_response(state_of(request).mesh.rtt())
+
+
 async def dnt_bootstraps(request: web.Request) -> web.Response:
     """GET /v1/dnt/bootstraps: where this node bootstrapped from and where others can bootstrap from it."""
     return web.json_response(state_of(request).mesh.bootstraps())

@@ -67,7 +67,7 @@ def load_rtt_file(path: str | Path) -> RttTable:
         }
     doc = _read(path)
     doc = doc.get("rtt_ms", doc) if isinstance(doc, Mapping) else doc
-    return _rtt_table(doc, str(path))
+    return rtt_table(doc, str(path))
 
 
 def _rtt_row(row: Mapping[str, Any], where: str) -> dict[str, float]:
@@ -80,7 +80,8 @@ def _rtt_row(row: Mapping[str, Any], where: str) -> dict[str, float]:
     return out
 
 
-def _rtt_table(doc: Any, where: str) -> RttTable:
+def rtt_table(doc: Any, where: str) -> RttTable:
+    """`doc` ({client: {server: ms}}) checked and as floats; a ConfigError names `where` when it is malformed."""
     if not isinstance(doc, Mapping) or not all(isinstance(v, Mapping) for v in doc.values()):
         raise ConfigError(f"{where}: RTTs must map each client to {{server: milliseconds}}")
     return {str(c): _rtt_row(row, where) for c, row in doc.items()}
@@ -174,7 +175,7 @@ def load_pipeline(
 def _file_rtts(raw: Any, clients: tuple[str, ...], servers: list[str], where: str) -> RttTable:
     if isinstance(raw, int | float):
         return {c: dict.fromkeys(servers, float(raw)) for c in clients}
-    return _rtt_table(raw, where)
+    return rtt_table(raw, where)
 
 
 def _requests(raw: Any, clients: tuple[str, ...], where: str) -> tuple[int, ...]:
