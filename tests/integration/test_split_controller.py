@@ -8,12 +8,14 @@ round trips (GET /v1/dnt/rtt) are what the controller planned with.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 from pathlib import Path
 
 import pytest
 
+from opentela.cli.plan import fetch_rtt
 from opentela.model.locate import SMOLLM2_ID
 from serverless_kit import serverless_mesh
 
@@ -53,3 +55,6 @@ async def test_the_controller_splits_a_catalog_model_over_idle_workers(tmp_path:
         table = await mesh.get_json("/dnt/table") or []
         workers = {r["peer_id"] for r in table if r["provider_id"] in WORKERS and r["lifecycle"] == "SERVING"}
         assert workers <= set(measured) and all(0 < measured[p] < 1000 for p in workers)
+        # `otela plan --rtt URL` reads the same table.
+        fetched = await asyncio.to_thread(fetch_rtt, mesh.api)
+        assert set(fetched) == set(rtt) and workers <= set(next(iter(fetched.values())))

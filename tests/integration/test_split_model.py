@@ -109,7 +109,7 @@ async def test_split_model_is_listed_with_its_block_servers(split_mesh: LocalMes
     assert all(s["total_blocks"] == 30 and s["block_ms"] > 0 for s in servers)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(300)
 async def test_greedy_tokens_equal_the_one_process_pipeline(
     split_mesh: LocalMesh, reference: LocalPipeline, tokenizer: GGUFTokenizer
 ) -> None:
