@@ -262,16 +262,23 @@ class OpenAIShape:
         else:
             choice = {"index": 0, "text": text}
         choice.update(logprobs=None, finish_reason=finish)
+        return self._envelope(self.object, [choice], usage=usage)
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return _dump(
             {
                 "id": self.id,
-                "object": self.object,
+                "object": obj,
                 "created": self.created,
                 "model": self.model,
-                "choices": [choice],
-                "usage": usage,
+                "choices": choices,
+                **extra,
             }
         )
+
+    @property
+    def _chunk_object(self) -> str:
+        return "chat.completion.chunk" if self.chat else "text_completion"
 
     def chunk(self, text: str | None, *, first: bool = False, finish: str | None = None) -> bytes:
         """One SSE event carrying `text` (None: the final chunk with `finish`)."""
@@ -280,38 +287,14 @@ class OpenAIShape:
             if first:
                 delta["role"] = "assistant"
             choice: dict[str, Any] = {"index": 0, "delta": delta}
-            obj = "chat.completion.chunk"
         else:
             choice = {"index": 0, "text": text or ""}
-            obj = "text_completion"
         choice.update(logprobs=None, finish_reason=finish)
-        return edge.sse_data(
-            _dump(
-                {
-                    "id": self.id,
-                    "object": obj,
-                    "created": self.created,
-                    "model": self.model,
-                    "choices": [choice],
-                }
-            )
-        )
+        return edge.sse_data(self._envelope(self._chunk_object, [choice]))
 
     def usage_chunk(self, usage: dict[str, int]) -> bytes:
         """The last event of a stream that asked for usage."""
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return edge.sse_data(
-            _dump(
-                {
-                    "id": self.id,
-                    "object": obj,
-                    "created": self.created,
-                    "model": self.model,
-                    "choices": [],
-                    "usage": usage,
-                }
-            )
-        )
+        return edge.sse_data(self._envelope(self._chunk_object, [], usage=usage))
 
 
 Write = Callable[[bytes], Awaitable[None]]
