@@ -112,13 +112,14 @@ def layer_operators(
     if tp > 1:
         ops.append(Operator("allreduce_attn", 0.0, 0.0, comm_bytes=t * h * ab))
     ops.append(Operator("post_attention_norm", 4 * t * h, 2 * t * h * ab + h * ab, p.activations))
-    ops.extend(_mlp(model, t, tp, p, wb))
+    ops.extend(mlp_operators(model, t, tp, p, wb))
     if tp > 1:
         ops.append(Operator("allreduce_mlp", 0.0, 0.0, comm_bytes=t * h * ab))
     return ops
 
 
-def _mlp(model: ModelSpec, t: float, tp: int, p: Precision, wb: float) -> list[Operator]:
+def mlp_operators(model: ModelSpec, t: float, tp: int, p: Precision, wb: float) -> list[Operator]:
+    """The FFN (dense or mixture of experts) of one layer for `t` tokens on one of `tp` devices."""
     h = model.hidden_size
     if not model.is_moe:
         inter = model.intermediate_size / tp
@@ -238,7 +239,7 @@ class StepCost:
                 if t == 0
                 else next(
                     op.time(self.device, self.tp)
-                    for op in _mlp(
+                    for op in mlp_operators(
                         self.model, t, self.tp, self.precision, BYTES_PER_ELEMENT[self.precision.weights]
                     )
                     if op.name == "experts"
@@ -262,6 +263,11 @@ class StepCost:
             total += np.maximum(flops / dev.peak(a.dtype), moved / dev.bandwidth)
         total[0] = 0.0
         return total
+
+    def outside_layers(self, tokens: int, sampled: int) -> float:
+        """Embedding lookup of `tokens` and final norm plus LM head for `sampled` rows (vocabulary split by TP)."""
+        heads = self._lm_head[min(sampled, len(self._lm_head) - 1)]
+        return float(self._embedding(np.array([float(tokens)]))[0] + heads)
 
     def decode_times(self, decodes: int, contexts: np.ndarray) -> np.ndarray:
         """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total."""
