@@ -62,10 +62,14 @@ class LayoutCost:
         self._whole = StepCost(m, device, n, self.precision, max_tokens=max_tokens, max_seqs=max_tokens)
         # heads[i, r]: tensor-parallel KV heads of rank r in layer i; base[i, r]: whose replicated heads it runs.
         layers = range(m.num_layers)
-        self._heads: np.ndarray = np.array([[len(layout.heads_at(r, i)) for r in range(n)] for i in layers], dtype=np.float64)
+        self._heads: np.ndarray = np.array(
+            [[len(layout.heads_at(r, i)) for r in range(n)] for i in layers], dtype=np.float64
+        )
         if layout.mode == "standard" and n > m.num_kv_heads:
             self._heads[:] = m.num_kv_heads / n  # copies of a KV head split its query heads
-        self._base: np.ndarray = np.array([[_base_of(layout, r, i) for r in range(n)] for i in layers], dtype=np.int64)
+        self._base: np.ndarray = np.array(
+            [[_base_of(layout, r, i) for r in range(n)] for i in layers], dtype=np.int64
+        )
         self._replicated = float(len(layout.replicated))
         self._ffn_share = np.array([layout.ffn_share(r) for r in range(n)])
         ab, kb, wb = (

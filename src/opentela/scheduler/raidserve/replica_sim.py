@@ -151,7 +151,9 @@ class ReplicaSim:
         else:
             req.base = int(np.argmin(self._pending_work()))
 
-    def _usage(self, extra: _Request | None = None, extra_tokens: int = 0, growth_steps: int = 0) -> np.ndarray:
+    def _usage(
+        self, extra: _Request | None = None, extra_tokens: int = 0, growth_steps: int = 0
+    ) -> np.ndarray:
         per_base = np.zeros(self.layout.ranks)
         for req in self.running:
             per_base[req.base] += req.context + growth_steps
