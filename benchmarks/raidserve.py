@@ -40,6 +40,7 @@ from opentela.scheduler.hardware import builtin_catalog
 from opentela.scheduler.models import load_model
 from opentela.scheduler.raidserve import MODES, minimum_devices, plan_layout, plan_recovery
 from opentela.scheduler.raidserve.replica_sim import ReplicaSim
+from opentela.scheduler.simulator import EngineLimits
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("Llama-3.1-70B-Instruct", "Mixtral-8x22B-v0.1")
@@ -49,6 +50,8 @@ LONGEST = 125_192
 OPENTHOUGHTS = {"input": (422, 352, 7633), "output": (7295, 5583, 37817)}
 """Table 1 of the paper: mean, median and maximum tokens."""
 RECONFIGURE_S = 10.0
+MAX_SEQS = 1024
+"""Sequences per batch: high enough that KV memory, which the systems differ in, is what limits the batch."""
 NODES, GPUS = 8, 8
 PAPER = {
     "Llama-3.1-70B-Instruct": {"vs_standard": 1.28, "of_fault_scaled": 0.95, "vs_nonuniform": 1.20},
@@ -82,6 +85,7 @@ def offline_throughput(
         device,
         routing="least_loaded" if balanced else "round_robin",
         chunking="adaptive" if balanced else "fifo",
+        limits=EngineLimits(max_seqs=MAX_SEQS),
     )
     for a, b in zip(inp, out, strict=True):
         sim.submit(0.0, int(a), int(b))

@@ -182,7 +182,9 @@ class ReplicaSim:
         out: dict[int, int] = {}
         if budget <= 0 or not prefilling:
             return out
-        if self.chunking == "fifo":
+        # With no replicated head there is no data-parallel work to balance: the layout is plain TP, and the
+        # replica schedules prompts as a plain TP engine does (the paper: RaidServe degenerates to standard TP).
+        if self.chunking == "fifo" or not self.layout.replicated:
             for req in prefilling:
                 if budget <= 0:
                     break
