@@ -1,5 +1,6 @@
 """`otela plan`: place models on a cluster's idle devices (CP-SAT), or with `--pipeline` split one model's blocks
-across servers (BPRR: CG-BPRR, CG-BP, PETALS' heuristic or the exact MILP)."""
+across servers (BPRR: CG-BPRR, CG-BP, PETALS' heuristic or the exact MILP), or with `--failover` lay a tensor-parallel
+replica out on the GPUs a node has left (RaidServe, cli/plan_tp.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, cast
 from rich.console import Console
 from rich.table import Table
 
+from opentela.cli import plan_tp
 from opentela.errors import ConfigError
 from opentela.scheduler.commands import add_plan_arguments
 from opentela.scheduler.commands import run as run_placement
@@ -55,14 +57,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="decode",
         help="per-token time of decoding tokens (Eq. 4) or of all tokens, first included (Eq. 8)",
     )
+    plan_tp.add_arguments(p)
 
 
 def run(ns: argparse.Namespace) -> int:
-    """Run the CP-SAT placement, or the BPRR planner with --pipeline."""
+    """Run the CP-SAT placement, the BPRR planner with --pipeline, or the TP failover plan with --failover."""
+    if ns.failover:
+        return plan_tp.run(ns)
     if not ns.pipeline:
         if not ns.cluster or not ns.workload:
             raise ConfigError(
-                "otela plan needs --cluster and --workload (or --pipeline FILE for a split model)"
+                "otela plan needs --cluster and --workload (or --pipeline FILE for a split model, or "
+                "--failover MODEL for a tensor-parallel replica on fewer GPUs)"
             )
         return run_placement(ns)
     doc = pipeline_command(ns)
