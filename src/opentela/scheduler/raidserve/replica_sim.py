@@ -133,10 +133,14 @@ class ReplicaSim:
         return f"<ReplicaSim {self.layout.mode} x{self.layout.ranks} t={self.now:.1f}s>"
 
     # --- requests ----------------------------------------------------------------------------------------------
-    def submit(self, arrival: float, prompt: int, output: int) -> None:
-        """A request arriving at `arrival` (seconds) with a prompt and an output length in tokens."""
+    def submit(self, arrival: float, prompt: int, output: int, prefilled: bool = False) -> None:
+        """A request arriving at `arrival` (seconds) with a prompt and an output length in tokens; `prefilled`:
+        its prompt's cache arrives computed (a decode instance behind a prefill one, as in the paper's 4.2)."""
         self._submitted += 1
-        self.waiting.append(_Request(self._submitted, arrival, max(prompt, 1), max(output, 1)))
+        req = _Request(self._submitted, arrival, max(prompt, 1), max(output, 1))
+        if prefilled:
+            req.done_prefill = req.prompt
+        self.waiting.append(req)
 
     def _pending_work(self) -> np.ndarray:
         work = np.zeros(self.layout.ranks)

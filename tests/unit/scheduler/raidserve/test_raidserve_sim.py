@@ -103,3 +103,15 @@ def test_reconfiguring_keeps_the_cache_or_recomputes_it() -> None:
     for sim in (kept, lost):
         sim.run_until(60.0)
     assert lost.stats.prefilled - before > kept.stats.prefilled - before  # the lost caches were re-prefilled
+
+
+def test_a_decode_instance_takes_prompts_computed_and_recompute_prefills_them_again() -> None:
+    sim = ReplicaSim(plan_layout(LLAMA, 8, "raidserve"), H100)
+    for i in range(20):
+        sim.submit(i * 0.1, 8000, 200, prefilled=True)
+    sim.run_until(3.0)
+    assert sim.stats.prefilled == 0 and sim.running
+    held = sum(r.context for r in sim.running)
+    sim.reconfigure(plan_layout(LLAMA, 7, "raidserve"), 0.1, keep_cache=False)
+    sim.run_until(60.0)
+    assert sim.stats.prefilled >= held and sim.stats.finished == 20
