@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 TOUR_HEADING = "Quick tour"
 KEYS_HEADING = "API keys, usage and the dashboard"
-TOUR_SHAPE = {1: 1, 2: 1, 3: 2, 4: 2, 5: 2}
+TOUR_SHAPE = {1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 2}
 """Commands per numbered step of the tour, as the checks below expect them."""
 KEYS_COMMANDS = 3
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
@@ -463,7 +463,8 @@ def test_readme_tour_has_the_shape_the_checks_need() -> None:
     assert any(a == "--" for a in readme.steps[3][0]) and "--process" in readme.steps[3][1]
     assert readme.steps[4][0][:2] == ["otela", "start"] and "CONTROLLER_PEER_ID" in readme.steps[4][0]
     assert readme.steps[4][1][:2] == ["otela", "controller"] and "catalog.yaml" in readme.steps[4][1]
-    assert readme.steps[5][0][:2] == ["otela", "status"] and readme.steps[5][1][0] == "curl"
+    assert all(cmd[:2] == ["otela", "start"] and "--blocks" in cmd for cmd in readme.steps[5])
+    assert readme.steps[6][0][:2] == ["otela", "status"] and readme.steps[6][1][0] == "curl"
     assert [a[:2] for a in readme.keys] == [["otela", "start"], ["otela", "frontend"], ["otela", "keys"]]
     assert "--frontend" in readme.keys[0] and readme.keys[2][2] == "create"
     with pytest.raises(AssertionError, match="steps and commands per step"):
@@ -472,7 +473,7 @@ def test_readme_tour_has_the_shape_the_checks_need() -> None:
 
 @pytest.mark.timeout(360)
 async def test_quick_tour_as_written(shells: Shells) -> None:
-    """Steps 1 to 5 and the openai snippet, each checked for what the README says it does."""
+    """Steps 1 to 6 and the openai snippet, each checked for what the README says it does."""
     s, readme = shells, read_readme()
     write_catalog(s.cwd / "catalog.yaml")
     started = time.monotonic()
@@ -517,12 +518,32 @@ async def test_quick_tour_as_written(shells: Shells) -> None:
     assert assignment["ok"] and assignment["peer_id"] == idle_peer and assignment["model"] == EMBEDDED_MODEL
     assert await serving_peers(s, ASSIGNED_MODEL, 1, timeout=120) == {idle_peer}
 
-    # 5. otela status lists every node; curl lists every model
-    table = await s.run(localize(readme.steps[5][0], s.ports))
-    for proc in [provider, *gpu, idle]:
+    # 5. two block servers: each serves its half of SmolLM2's 30 blocks, and together they cover the model
+    blocks = [
+        await s.start(f"step5-blocks-{i}", localize(cmd, s.ports)) for i, cmd in enumerate(readme.steps[5])
+    ]
+    block_peers = [(await s.wait_line(p, r"^node\s+(\S+)")).group(1) for p in blocks]
+
+    async def halves_served() -> list[list[int]] | None:
+        table = await s.get_json(s.url(8092, "/v1/dnt/table")) or []
+        spans = [
+            [b["start"], b["end"]]
+            for r in table
+            if r["peer_id"] in block_peers and r["lifecycle"] == "SERVING"
+            for b in r.get("blocks", [])
+            if b["model"] == EMBEDDED_MODEL
+        ]
+        return sorted(spans) if len(spans) == len(blocks) else None
+
+    spans = await s.wait_for(halves_served, timeout=120, what="the block servers to serve their ranges")
+    assert spans[0][0] == 0 and spans[-1][1] == 30 and spans[0][1] == spans[1][0], spans
+
+    # 6. otela status lists every node; curl lists every model
+    table = await s.run(localize(readme.steps[6][0], s.ports))
+    for proc in [provider, *gpu, idle, *blocks]:
         assert node_peer_id(proc)[-8:] in table, f"otela status does not list {proc.name}:\n{table}"
     assert "controller" in table and "ingress" in table, table
-    listing = json.loads(await s.run(localize(readme.steps[5][1], s.ports)))
+    listing = json.loads(await s.run(localize(readme.steps[6][1], s.ports)))
     assert {EMBEDDED_MODEL, GPU_MODEL, ASSIGNED_MODEL} <= {m["id"] for m in listing["data"]}, listing
 
     # The openai client, as in the snippet.
