@@ -183,7 +183,9 @@ async def test_concurrent_completions_share_commits(tmp_path: Path) -> None:
 
 async def test_the_write_ahead_log_is_checkpointed_in_the_background(tmp_path: Path) -> None:
     """The writer's own connection never checkpoints (that stalled its commits); the background checkpoints keep
-    the log under 12 MiB over 1,000 requests, each its own commit, where without them it grows past 30 MiB."""
+    the log under 20 MiB over 1,000 requests, each its own commit, where without them it grows past 30 MiB. (It
+    restarts past 8 MiB, but a restart that meets a commit waits for the next checkpoint: 14.7 MiB was seen on a
+    loaded 2-core machine, so the bound leaves room for that and still tells bounded from unbounded.)"""
     db = await Database.open(f"sqlite:///{tmp_path}/w.db")
     try:
         key, _ = await KeyStore(db).create(KeySettings(name="k", budget_tokens=10**9))
@@ -193,7 +195,7 @@ async def test_the_write_ahead_log_is_checkpointed_in_the_background(tmp_path: P
             admission = await admit(ledger, key)
             await ledger.complete(admission, Outcome("ok", 200, input_tokens=10, output_tokens=i))
             largest = max(largest, (tmp_path / "w.db-wal").stat().st_size)
-        assert largest < 12 * 2**20, largest
+        assert largest < 20 * 2**20, largest
         assert ledger.writer.commits >= 1000
         await ledger.aclose()
         async with db.session() as s:
