@@ -33,6 +33,7 @@ from opentela.fabric.identity import Identity
 from opentela.fabric.messages import read_msg, write_msg
 from opentela.node.agent import NodeAgent
 from opentela.registry.record import NodeRecord
+from opentela.scheduler.bprr.spec_file import rtt_table
 from opentela.scheduler.controller import FleetController
 from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
@@ -267,10 +268,12 @@ async def ingress_rtt(http: aiohttp.ClientSession, ingress: str) -> dict[str, fl
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         logger.info("no round trips from the ingress: %s", exc)
         return {}
-    if not isinstance(doc, dict):
+    try:
+        table = rtt_table(doc, url)
+    except ConfigError as exc:
+        logger.info("unreadable round trips from the ingress: %s", exc)
         return {}
-    rows = [row for row in doc.values() if isinstance(row, dict)]
-    return {str(p): float(ms) for p, ms in (rows[0].items() if rows else ()) if isinstance(ms, int | float)}
+    return next(iter(table.values()), {})
 
 
 def print_blocks_result(a: BlockAssignment, answer: Mapping[str, Any]) -> None:

@@ -142,14 +142,14 @@ def plan_gap(
     if not specs:
         return []
     blocks = replace(model.blocks, n_blocks=end - first)
-    token = [
-        [rtt_ms.get(n.peer_id, DEFAULT_RTT_MS) / 1000 + 2 * blocks.token_bytes * 8 / 1e9 for n, _ in specs]
-    ]
-    network = bprr.Network(
-        token_rtt_s=tuple(tuple(row) for row in token),
-        input_rtt_s=tuple(
-            tuple(t + 2 * (blocks.input_len - 1) * blocks.token_bytes * 8 / 1e9 for t in row) for row in token
-        ),
+    # Client round trips from the ingress's probes, plus a hidden state each way per token (a whole input per
+    # prompt) at 1 Gbit/s, as the paper's Eq. (1) counts them.
+    network = bprr.Network.from_latency(
+        [[rtt_ms.get(n.peer_id, DEFAULT_RTT_MS) / 1000 for n, _ in specs]],
+        n_clients=1,
+        n_servers=len(specs),
+        token_bytes=blocks.token_bytes,
+        input_len=blocks.input_len,
     )
     instance = bprr.Instance(blocks, tuple(s for _, s in specs), ("ingress",), network, (model.concurrency,))
     plan = bprr.cg_bprr(instance)

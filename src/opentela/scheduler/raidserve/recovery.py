@@ -69,7 +69,8 @@ class RecoveryPlan:
     """Per survivor: PCIe bytes of a naive re-shard of every weight."""
     times: dict[str, float] = field(default_factory=dict)
     """Seconds: ``full`` (on-demand weights and KV backup), ``host`` (KV backup, weights re-sharded),
-    ``recompute`` (weights re-sharded and the lost cache re-prefilled) and ``kv_only`` (the backup's KV alone)."""
+    ``recompute`` (weights re-sharded and the lost cache re-prefilled), ``prefill`` (that re-prefill alone) and
+    ``kv_only`` (the backup's KV alone)."""
 
 
 def _survivor_layout(
