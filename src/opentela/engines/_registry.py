@@ -17,6 +17,7 @@ ENGINES: Registry[type[Engine]] = Registry(
     builtins=(
         "opentela.engines.embedded",
         "opentela.engines.simulated",
+        "opentela.engines.tp.engine",
         "opentela.engines.vllm",
         "opentela.engines.sglang",
         "opentela.engines.llamacpp",

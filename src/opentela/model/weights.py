@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGML_QUANT_SIZES, GGUFReader
 from gguf.quants import dequantize
 
 
@@ -79,3 +79,30 @@ class GGUFWeights:
         if w.ndim != 2:
             raise ValueError(f"tensor {name} is not a matrix: shape {w.shape}")
         return np.ascontiguousarray(w.T)
+
+    def linear_part(
+        self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None
+    ) -> np.ndarray:
+        """Part of weight matrix `name`, ``[in, out]`` like `linear`: GGUF rows (outputs) `rows` and columns
+        (inputs) `cols`, half-open ranges. Only those rows and quantization blocks are dequantized, so a tensor-
+        parallel rank loads just its slice; a column range must start and end on a quantization block."""
+        info = self._tensors.get(name)
+        if info is None:
+            raise KeyError(f"{self.path} has no tensor {name!r}")
+        shape = tuple(int(d) for d in reversed(info.shape))
+        if len(shape) != 2:
+            raise ValueError(f"tensor {name} is not a matrix: shape {shape}")
+        r0, r1 = rows if rows is not None else (0, shape[0])
+        c0, c1 = cols if cols is not None else (0, shape[1])
+        if not (0 <= r0 < r1 <= shape[0] and 0 <= c0 < c1 <= shape[1]):
+            raise ValueError(f"rows {r0}:{r1}, columns {c0}:{c1} are outside {name}'s {shape}")
+        block, block_bytes = GGML_QUANT_SIZES[info.tensor_type]
+        if c0 % block or c1 % block:
+            raise ValueError(f"columns {c0}:{c1} of {name} cut through its {block}-value quantization blocks")
+        data = info.data[r0:r1]
+        if data.dtype == np.uint8:  # quantized: each row is its blocks' bytes
+            data = data[:, c0 // block * block_bytes : c1 // block * block_bytes]
+        else:
+            data = data[:, c0:c1]
+        values = dequantize(np.ascontiguousarray(data), info.tensor_type).reshape(r1 - r0, c1 - c0)
+        return np.ascontiguousarray(values.T, dtype=np.float32)

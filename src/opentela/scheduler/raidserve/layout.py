@@ -22,8 +22,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
 
-import numpy as np
-
+from opentela.engines.tp.placement import contiguous_groups, raidserve_heads
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import Device
 from opentela.scheduler.models import BYTES_PER_ELEMENT, ModelSpec
@@ -34,11 +33,6 @@ MODES: tuple[Mode, ...] = ("standard", "nonuniform", "raidserve")
 STANDARD_DEGREES = (8, 4, 2, 1)
 DEFAULT_FFN_SHARDS = 840
 """lcm(1..8): the intermediate dimension splits evenly over any TP degree up to 8."""
-
-
-def contiguous_groups(items: int, ranks: int) -> tuple[tuple[int, ...], ...]:
-    """`items` indices cut into `ranks` contiguous groups, the first ``items % ranks`` one larger."""
-    return tuple(tuple(int(i) for i in part) for part in np.array_split(np.arange(items), ranks))
 
 
 def standard_degree(model: ModelSpec, devices: int) -> int | None:
@@ -259,9 +253,7 @@ def plan_layout(
     elif mode == "nonuniform":
         heads = contiguous_groups(n_kv, len(ids))
     else:
-        per_rank = n_kv // len(ids)
-        heads = tuple(tuple(range(r * per_rank, (r + 1) * per_rank)) for r in range(len(ids)))
-        replicated = tuple(range(per_rank * len(ids), n_kv))
+        heads, replicated = raidserve_heads(n_kv, len(ids))
     rotate = (mode == "raidserve") if cyclic is None else cyclic
     return Layout(
         model=model,

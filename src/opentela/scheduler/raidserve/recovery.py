@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import Device
-from opentela.scheduler.raidserve.layout import Layout, contiguous_groups, plan_layout
+from opentela.engines.tp.placement import contiguous_groups, survivor_heads, survivor_shards
+from opentela.scheduler.raidserve.layout import Layout, plan_layout
 from opentela.scheduler.roofline import Precision, step_time
 
 PCIE_GBS = 50.0
@@ -79,42 +80,18 @@ def _survivor_layout(
     """RaidServe's layout on the survivors, built to keep what they hold; with the kept and loaded FFN shards."""
     survivors = tuple(d for d in before.devices if d != lost)
     old_rank = {d: r for r, d in enumerate(before.devices)}
-    lost_rank = old_rank[lost]
     kept = tuple(before.ffn[old_rank[d]] for d in survivors)
-    loaded: list[list[int]] = [[] for _ in survivors]
-    for j, shard in enumerate(before.ffn[lost_rank]):
-        loaded[j % len(survivors)].append(shard)
-    ffn = tuple(tuple(k) + tuple(add) for k, add in zip(kept, loaded, strict=True))
-    fresh = plan_layout(
-        before.model,
-        survivors,
-        "raidserve",
-        n_shards=before.n_shards,
-        dtype=before.dtype,
-        kv_dtype=before.kv_dtype,
+    ffn, loaded = survivor_shards(before.ffn, old_rank[lost])
+    groups, replicated = survivor_heads(
+        before.tp_heads, before.replicated, before.model.num_kv_heads, tuple(old_rank[d] for d in survivors)
     )
-    per_rank = len(fresh.tp_heads[0])
-    # Each survivor keeps up to `per_rank` of its tensor-parallel heads; heads left over are dealt to those short
-    # of `per_rank` (preferring heads they already hold replicated), and the rest are replicated.
-    taken: set[int] = set()
-    groups: list[list[int]] = []
-    for d in survivors:
-        mine = [h for h in before.tp_heads[old_rank[d]] if h not in taken][:per_rank]
-        taken.update(mine)
-        groups.append(mine)
-    pool = [h for h in (*before.replicated, *range(before.model.num_kv_heads)) if h not in taken]
-    pool = list(dict.fromkeys(pool))
-    for g in groups:
-        while len(g) < per_rank:
-            h = pool.pop(0)
-            taken.add(h)
-            g.append(h)
+    fresh = plan_layout(before.model, survivors, "raidserve", n_shards=before.n_shards)
     after = Layout(
         model=before.model,
         mode="raidserve",
         devices=survivors,
-        tp_heads=tuple(tuple(g) for g in groups),
-        replicated=tuple(sorted(pool)),
+        tp_heads=groups,
+        replicated=replicated,
         rotate=fresh.rotate,
         ffn=ffn,
         n_shards=before.n_shards,
