@@ -28,7 +28,7 @@ from opentela.model.head import ClientHead
 from opentela.model.kv_cache import CacheLayout, SessionCache
 from opentela.model.sampling import GREEDY, SamplingParams, sample
 from opentela.model.threads import DEFAULT_THREADS, set_blas_threads
-from opentela.model.weights import GGUFWeights
+from opentela.model.weights import GGUFWeights, TensorIndex
 
 DEFAULT_FFN_SHARDS = 6
 """FFN cuts of SmolLM2's 1,536-wide intermediate dimension: even over 1, 2, 3 and 6 ranks, 256 wide (eight
@@ -77,9 +77,14 @@ class ShardedBlocks:
         path: str | os.PathLike[str],
         n_ffn_shards: int = DEFAULT_FFN_SHARDS,
         backend: str | Backend = "numpy",
+        *,
+        config: ModelConfig | None = None,
+        index: TensorIndex | None = None,
     ) -> None:
+        """`config` and `index` (`GGUFWeights.tensor_index`), when another process has read them from the file
+        already, spare this one parsing its metadata."""
         self.path = str(path)
-        self.config = cfg = ModelConfig.from_gguf(path)
+        self.config = cfg = config or ModelConfig.from_gguf(path)
         if cfg.n_heads % cfg.n_kv_heads:
             raise ValueError(f"{cfg.n_heads} query heads do not group evenly over {cfg.n_kv_heads} KV heads")
         if n_ffn_shards < 1 or cfg.intermediate_size % n_ffn_shards:
@@ -90,7 +95,7 @@ class ShardedBlocks:
         self.shard_width = cfg.intermediate_size // n_ffn_shards
         self.group = cfg.n_heads // cfg.n_kv_heads
         self.backend = get_backend(backend)
-        self._weights = GGUFWeights(path)
+        self._weights = GGUFWeights(path, index)
         be = self.backend
         self._attn_norm = [be.asarray(self._weights.tensor(f"blk.{i}.attn_norm.weight")) for i in self.layers]
         self._ffn_norm = [be.asarray(self._weights.tensor(f"blk.{i}.ffn_norm.weight")) for i in self.layers]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 
@@ -41,6 +42,44 @@ def field(reader: GGUFReader, key: str, default: Any = None) -> Any:
     return entry.contents()
 
 
+@dataclass(frozen=True)
+class TensorEntry:
+    """One tensor's place in a GGUF file: byte offset and length, ggml type, and dims fastest first."""
+
+    offset: int
+    n_bytes: int
+    tensor_type: int
+    shape: tuple[int, ...]
+
+    def view(self, name: str, data: np.ndarray) -> _MappedTensor:
+        """The tensor's bytes in the memory-mapped file, shaped as the reader shapes them."""
+        qtype = GGMLQuantizationType(self.tensor_type)
+        raw = data[self.offset : self.offset + self.n_bytes]
+        dims = tuple(reversed(self.shape))
+        block, block_bytes = GGML_QUANT_SIZES[qtype]
+        array: np.ndarray
+        if qtype == GGMLQuantizationType.F32:
+            array = raw.view(np.float32).reshape(dims)
+        elif qtype == GGMLQuantizationType.F16:
+            array = raw.view(np.float16).reshape(dims)
+        else:  # block-quantized: each row is its blocks' bytes
+            array = raw.reshape(*dims[:-1], dims[-1] // block * block_bytes)
+        return _MappedTensor(name, qtype, np.array(self.shape), array)
+
+
+@dataclass(frozen=True)
+class _MappedTensor:
+    """The attributes of a reader tensor that `GGUFWeights` uses."""
+
+    name: str
+    tensor_type: GGMLQuantizationType
+    shape: np.ndarray
+    data: np.ndarray
+
+
+TensorIndex = dict[str, TensorEntry]
+
+
 class GGUFWeights:
     """Named tensors of one GGUF file, dequantized on demand.
 
@@ -49,10 +88,24 @@ class GGUFWeights:
     ``[in, out]``, made contiguous once at load so every step's matmul reads memory in order.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], index: TensorIndex | None = None) -> None:
         self.path = str(path)
-        self.reader = open_gguf(path)
-        self._tensors = {t.name: t for t in self.reader.tensors}
+        if index is None:
+            self._tensors: dict[str, Any] = {t.name: t for t in open_gguf(path).tensors}
+        else:
+            # Another process parsed the file already: map the tensors at the offsets it found, skipping the
+            # seconds a full parse of the metadata takes.
+            data = np.memmap(self.path, dtype=np.uint8, mode="r")
+            self._tensors = {name: entry.view(name, data) for name, entry in index.items()}
+
+    def tensor_index(self) -> TensorIndex:
+        """Where each tensor lies in the file: enough for another process to open it without parsing."""
+        return {
+            name: TensorEntry(
+                int(t.data_offset), int(t.n_bytes), int(t.tensor_type), tuple(int(d) for d in t.shape)
+            )
+            for name, t in self._tensors.items()
+        }
 
     def __repr__(self) -> str:
         return f"<GGUFWeights {self.path} tensors={len(self._tensors)}>"

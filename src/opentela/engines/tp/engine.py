@@ -15,6 +15,7 @@ _OPTIONS = {
     "ffn_shards": "--ffn-shards",
     "threads": "--threads",
     "recovery": "--recovery",
+    "weight_reload": "--weight-reload",
     "step_timeout": "--step-timeout",
     "max_tokens": "--max-tokens",
     "served_model_name": "--served-model-name",

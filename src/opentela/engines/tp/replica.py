@@ -38,10 +38,12 @@ from opentela.errors import EngineUnavailableError
 from opentela.model.config import ModelConfig
 from opentela.model.tensor_parallel import DEFAULT_FFN_SHARDS, reduce_partials
 from opentela.model.threads import DEFAULT_THREADS
+from opentela.model.weights import GGUFWeights
 
 logger = logging.getLogger(__name__)
 
 Recovery = Literal["backup", "recompute"]
+WeightReload = Literal["on_demand", "reshard"]
 ReplicaState = Literal["starting", "serving", "reconfiguring", "failed"]
 
 
@@ -83,6 +85,7 @@ class RecoveryReport:
     degree_before: int
     degree_after: int
     mode: Recovery
+    weight_reload: WeightReload
     requests: int
     weight_bytes: int = 0
     kv_bytes: int = 0
@@ -120,12 +123,16 @@ class TensorParallelReplica:
         n_ffn_shards: int = DEFAULT_FFN_SHARDS,
         threads: int = DEFAULT_THREADS,
         recovery: Recovery = "backup",
+        weights: WeightReload = "on_demand",
         step_timeout: float = 60.0,
         start_timeout: float = 120.0,
         log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         if ranks < 1:
             raise ValueError("a replica needs at least one rank")
+        if weights not in ("on_demand", "reshard"):
+            raise ValueError(f"weights must be 'on_demand' or 'reshard', not {weights!r}")
+        self.weight_reload = weights
         if recovery not in ("backup", "recompute"):
             raise ValueError(f"recovery must be 'backup' or 'recompute', not {recovery!r}")
         self.model_path = str(model_path)
@@ -185,6 +192,8 @@ class TensorParallelReplica:
         finally:
             listener.close()
         self._ranks = {r: _Rank(r, processes[r], conns[r]) for r in sorted(conns)}
+        index = GGUFWeights(self.model_path).tensor_index()
+        self._all({r: ("init", self.config, index) for r in self._ranks}, timeout=self.start_timeout)
         self.placement = Placement.initial(tuple(sorted(conns)), self.config.n_kv_heads, self.n_ffn_shards)
         self._load_weights(self.placement)
         self.state = "serving"
@@ -445,6 +454,7 @@ class TensorParallelReplica:
             degree_before=before.degree,
             degree_after=after.degree,
             mode=self.recovery,
+            weight_reload=self.weight_reload,
             requests=len(self.requests),
             placement=after.describe(),
         )
@@ -454,6 +464,9 @@ class TensorParallelReplica:
                 {w: ("rollback", {r.id: r.length for r in self.requests.values()}) for w in after.ranks}
             )
             t1 = time.perf_counter()
+            if self.weight_reload == "reshard":
+                # The baseline: every survivor loads its new units from scratch, as a restarted engine would.
+                self._all({w: ("load", (), ()) for w in after.ranks})
             report.weight_bytes = self._load_weights(after)
             t2 = time.perf_counter()
             if self.recovery == "backup":

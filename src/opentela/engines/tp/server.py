@@ -54,6 +54,8 @@ class ReplicaDriver:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self.failed = asyncio.Event()
+        """Set once the replica has lost its last rank: the engine then exits, and its node fails over."""
         self.steps = 0
         self.batched_rows = 0
 
@@ -74,6 +76,8 @@ class ReplicaDriver:
                 await self.call(self.replica.check)
             except Exception:  # the replica has failed: requests see why; the watch has nothing left to do
                 logger.exception("the tensor-parallel replica failed")
+            if self.replica.state == "failed":
+                self.failed.set()
                 return
 
     async def step(self, req: RequestState, hidden: np.ndarray) -> np.ndarray:
@@ -244,6 +248,7 @@ async def serve(args: argparse.Namespace) -> None:
         n_ffn_shards=args.ffn_shards,
         threads=args.threads,
         recovery=args.recovery,
+        weights=args.weight_reload,
         step_timeout=args.step_timeout,
     )
     stop = asyncio.Event()
@@ -263,8 +268,14 @@ async def serve(args: argparse.Namespace) -> None:
             f"model {server.model_id})",
             flush=True,
         )
-        await stop.wait()
+        stopped = asyncio.create_task(stop.wait())
+        failed = asyncio.create_task(server.driver.failed.wait())
+        await asyncio.wait([stopped, failed], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        failed.cancel()
         await runner.cleanup()
+        if server.driver.failed.is_set():
+            raise SystemExit("the tensor-parallel replica lost all its ranks")
     finally:
         restore()
         if replica.state != "failed":
@@ -289,6 +300,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("backup", "recompute"),
         default="backup",
         help="after a rank loss, restore caches from the host backup (default) or re-prefill them",
+    )
+    parser.add_argument(
+        "--weight-reload",
+        choices=("on_demand", "reshard"),
+        default="on_demand",
+        help="after a rank loss, load only the units a survivor lacks (default) or all of its new ones",
     )
     parser.add_argument(
         "--step-timeout", type=float, default=60.0, help="seconds before a silent rank counts as lost"

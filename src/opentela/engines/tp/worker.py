@@ -156,8 +156,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     authkey = bytes.fromhex(os.environ.get(AUTHKEY_ENV, ""))
     conn = Client(args.address, family="AF_UNIX", authkey=authkey)
     try:
-        blocks = ShardedBlocks(args.model, args.ffn_shards)
         conn.send(("hello", args.rank, os.getpid()))
+        # The coordinator has parsed the file: its config and tensor offsets spare this rank the seconds it takes.
+        op, config, index = conn.recv()
+        if op != "init":
+            raise RuntimeError(f"expected the coordinator's init, got {op!r}")
+        blocks = ShardedBlocks(args.model, args.ffn_shards, config=config, index=index)
+        conn.send(("ok", None, 0.0))
         serve(conn, RankWorker(blocks))
     finally:
         conn.close()
