@@ -40,7 +40,9 @@ async def test_the_controller_splits_a_catalog_model_over_idle_workers(tmp_path:
         assert spans[0][0] == 0 and spans[-1][1] == 30 and len(spans) >= 3
         assert all(a[1] == b[0] for a, b in itertools.pairwise(spans))
         assert all(end - start <= 13 for start, end in spans)
-        lines = [json.loads(x) for x in controller.log_text().splitlines() if x.startswith('{"event": "blocks"')]
+        lines = [
+            json.loads(x) for x in controller.log_text().splitlines() if x.startswith('{"event": "blocks"')
+        ]
         assert sorted(line["blocks"] for line in lines if line["ok"]) == spans
 
         body = {"model": SMOLLM2_ID, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}

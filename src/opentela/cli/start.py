@@ -73,7 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         metavar="MODEL:START-END",
         help="serve decoder blocks [START, END) of a split model, e.g. SmolLM2-135M-Instruct:0-10",
     )
-    option("--blocks-model-file", metavar="GGUF", help="weights of the split model (default: the shipped SmolLM2)")
+    option(
+        "--blocks-model-file",
+        metavar="GGUF",
+        help="weights of the split model (default: the shipped SmolLM2)",
+    )
     option("--process", metavar="CMD", help='engine command as one string, e.g. --process "vllm serve M"')
     option("--log-dir", metavar="DIR", help="directory for engine logs")
     option(

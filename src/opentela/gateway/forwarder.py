@@ -35,7 +35,7 @@ from opentela.gateway.call import Attempt, Call, parse_body
 from opentela.gateway.metrics import NO_NODE, GatewayMetrics
 from opentela.gateway.output_cap import OutputCap
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
-from opentela.gateway.routing import Router
+from opentela.gateway.routing import Router, prefer_serving
 from opentela.registry.record import NodeRecord
 
 logger = logging.getLogger(__name__)
@@ -347,11 +347,12 @@ class Forwarder:
         streaming and non-streaming requests alike: the client has seen nothing yet. An engine 5xx is retried
         the same way while another replica is left; the last one goes to the client as it is. `candidates`
         is called again before each attempt so a replica that went DOWN meanwhile is not picked; `tried`
-        holds the sessions already used for this request and grows with each attempt.
+        holds the sessions already used for this request and grows with each attempt. A replica reconfiguring
+        is picked only when no replica left to try serves (`prefer_serving`).
         """
         last_error: OpenTelaError | None = None
         while len(tried) < 1 + self.config.max_retries:
-            pool = [c for c in candidates() if c.session_id not in tried]
+            pool = prefer_serving([c for c in candidates() if c.session_id not in tried], routed.model)
             if not pool:
                 break
             target = policy.pick(pool, routed)

@@ -19,6 +19,7 @@ from opentela.gateway.constraints import (
     REQUIRE_HEADER,
     Constraint,
     describe_observed,
+    model_entry,
     parse_constraints,
     satisfying,
 )
@@ -26,7 +27,7 @@ from opentela.gateway.cooldown import ReplicaHealth
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy, create_policy
 from opentela.gateway.trust import TRUST_HEADER, resolve_allowlist, trusted
-from opentela.registry.record import NodeRecord
+from opentela.registry.record import REPLICA_SERVING, NodeRecord
 
 POLICY_HEADER = "X-Otela-Policy"
 OTELA_METADATA_KEYS = ("trusted_providers", "require", "policy")
@@ -50,6 +51,22 @@ def newest_per_peer(pool: Sequence[NodeRecord]) -> Sequence[NodeRecord]:
     if len(newest) == len(pool):
         return pool
     return [r for r in pool if newest[r.peer_id] is r]
+
+
+def prefer_serving(pool: Sequence[NodeRecord], model: str) -> Sequence[NodeRecord]:
+    """The replicas in `pool` whose entry for `model` is serving; all of `pool` when none is.
+
+    A reconfiguring replica (a tensor-parallel engine moving onto the ranks it has left) still holds its streams
+    and queues new requests until it serves again, so it takes new work only when nothing else can: the request
+    then waits there instead of failing. Any other state an engine advertises (`starting`) is treated alike.
+    """
+    kept = [r for r in pool if _serving(r, model)]
+    return pool if not kept or len(kept) == len(pool) else kept
+
+
+def _serving(record: NodeRecord, model: str) -> bool:
+    entry = model_entry(record, model)
+    return entry is None or entry.replica_state == REPLICA_SERVING
 
 
 @dataclass(frozen=True, slots=True)

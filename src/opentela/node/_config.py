@@ -119,6 +119,15 @@ class NodeConfig:
             "help": "Seconds between health checks of a serving engine (GET its health path); 0: none."
         },
     )
+    state_interval: float = field(
+        default=1.0,
+        metadata={
+            "help": "Seconds between reads of a serving engine's health path (its /v1/models) for changes to what it "
+            "advertises, such as a tensor-parallel replica reconfiguring; the record follows within about this "
+            "long. Failed reads between health checks do not count toward health_failures. 0: read only at "
+            "health checks."
+        },
+    )
     health_timeout: float = field(
         default=10.0,
         metadata={"help": "Seconds one engine health check may take before it counts as failed."},
@@ -237,6 +246,7 @@ class NodeConfig:
         object.__setattr__(self, "reachability", _as_enum(Reachability, "reachability", self.reachability))
         for name in (
             "health_interval",
+            "state_interval",
             "health_failures",
             "unhealthy_limit",
             "log_tail_lines",

@@ -347,6 +347,7 @@ class NodeAgent:
             on_not_served=self._assignment_failed if assigned else None,
             on_task_error=self._task_failed,
             on_lost=self._shared_engine_lost,
+            on_models=self._engine_models_changed,
         )
 
     def _engine_serving(self, runner: EngineRunner, models: tuple[ModelEntry, ...]) -> None:
@@ -356,6 +357,15 @@ class NodeAgent:
             lifecycle=Lifecycle.SERVING, models=self.engines.serving_models(), reason=""
         )
         logger.info("serving", extra={"models": ",".join(m.id for m in models)})
+
+    def _engine_models_changed(self, runner: EngineRunner, models: tuple[ModelEntry, ...]) -> None:
+        """A serving engine advertises new settings (a replica reconfiguring, or back): the record follows."""
+        assert self.registry is not None
+        if self.registry.local.lifecycle != Lifecycle.SERVING or self.fail_stop.failing:
+            return  # a node going DOWN or LEFT keeps what it said last
+        current = self.engines.serving_models()
+        if current != self.registry.local.models:
+            self.registry.update_local(models=current)
 
     # --- assignments from a fleet controller (/otela/control/1) ----------------------------------------------
     def _assignment_busy(self, assignment: EngineAssignment) -> Refusal | None:

@@ -2,8 +2,9 @@
 
 A node may run several engines, each its own replica: it holds one EngineRunner per engine, keyed by
 `EngineRunner.key`. The runner decides nothing about the node; it reports through its callbacks:
-`on_serving` once the engine answers with its models, `on_fatal(reason, exit_code)` when the engine is lost
-(the node fail-stops), and, for an assigned engine, `on_not_served(runner, reason)` when it never served (the
+`on_serving` once the engine answers with its models, `on_models` when what the engine advertises for them
+changes afterwards (a tensor-parallel replica reconfiguring), `on_fatal(reason, exit_code)` when the engine is
+lost (the node fail-stops), and, for an assigned engine, `on_not_served(runner, reason)` when it never served (the
 node goes back to idle instead of exiting).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -52,6 +54,26 @@ def served_models(
     )
 
 
+def refreshed_models(
+    models: tuple[ModelEntry, ...], listing: Any, extra: dict[str, Any] | None = None
+) -> tuple[ModelEntry, ...]:
+    """`models` with the settings a later /v1/models answer (`listing`, parsed JSON) gives them.
+
+    Only settings change: the models served are the ones the engine listed when it became ready, and one missing
+    from the answer (or an answer that is no model list, from a custom health path) keeps what it had.
+    """
+    data = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(data, list):
+        return models
+    listed = {str(m["id"]): m for m in data if isinstance(m, dict) and m.get("id")}
+    return tuple(
+        ModelEntry(m.id, m.engine, {**advertised_settings(listed[m.id]), **(extra or {})})
+        if m.id in listed
+        else m
+        for m in models
+    )
+
+
 class EngineRunner:
     """One engine of this node, from start to its last verdict.
 
@@ -71,6 +93,7 @@ class EngineRunner:
         on_not_served: OnNotServed | None = None,
         on_task_error: ErrorHandler = log_task_error,
         on_lost: OnNotServed | None = None,
+        on_models: OnServing | None = None,
     ) -> None:
         self.spec = spec
         self.log_path = log_path
@@ -78,6 +101,7 @@ class EngineRunner:
         self._stop = stop
         self._on_serving, self._on_fatal, self._on_not_served = on_serving, on_fatal, on_not_served
         self._on_lost = on_lost
+        self._on_models = on_models
         self.supervisor = EngineSupervisor(spec, log_path, ready_timeout=config.ready_timeout)
         self.ready = False
         self.retired = False
@@ -92,6 +116,8 @@ class EngineRunner:
         """Stopped by the node once it served nothing for this long (serverless); None: kept."""
         self.ready_at = 0.0
         """When it started serving (monotonic clock)."""
+        self._extra: dict[str, Any] = {}
+        self._last_listing = b""
         self._watchers = TaskSet(f"engine-{spec.name}", on_error=on_task_error)
 
     def __repr__(self) -> str:
@@ -144,10 +170,11 @@ class EngineRunner:
         extra: dict[str, Any] = {"memory_mib": self.memory_mib} if self.memory_mib is not None else {}
         if self.profile:
             extra["profile"] = self.profile
+        self._extra = extra
         self.models = served_models(self.spec, served, extra)
         self.ready, self.ready_at = True, time.monotonic()
         self._on_serving(self, self.models)
-        if self.config.health_interval > 0:
+        if self.config.health_interval > 0 or self.config.state_interval > 0:
             self._watchers.spawn(self._watch_health(), "health")
         code = await self.supervisor.wait_exit()
         self.ready = False
@@ -190,20 +217,54 @@ class EngineRunner:
         await self._lost(f"fatal engine log line: {line}", EXIT_FATAL_LOG_LINE)
 
     async def _watch_health(self) -> None:
+        """Check the engine's health path, and read what its answer advertises (health checks off: only that)."""
         cfg = self.config
         url = self.spec.base_url + self.spec.health_path
+        checking = cfg.health_interval > 0
+
+        async def check() -> bool:
+            body = await check_http(http, url, cfg.health_timeout)
+            if body is not None:
+                self.refresh(body)
+            return body is not None or not checking
+
         async with aiohttp.ClientSession() as http:
             reason = await watch_health(
-                lambda: check_http(http, url, cfg.health_timeout),
-                interval=cfg.health_interval,
-                failures=cfg.health_failures,
-                unhealthy_limit=cfg.unhealthy_limit,
+                check,
+                interval=cfg.health_interval if checking else cfg.state_interval,
+                failures=cfg.health_failures if checking else 0,
+                unhealthy_limit=cfg.unhealthy_limit if checking else 0.0,
+                every=cfg.state_interval,
             )
         logger.error("%s: fail-stop", reason, extra={"url": url})
         await self._lost(reason, EXIT_ENGINE_UNHEALTHY)
+
+    def refresh(self, body: bytes) -> None:
+        """Take the settings a health answer (a /v1/models body) advertises; tell the node when they changed."""
+        if body == self._last_listing:
+            return  # unchanged bytes: nothing to parse (an engine stamping `created` per answer is parsed)
+        self._last_listing = body
+        try:
+            listing = json.loads(body)
+        except ValueError:
+            return  # a health path that is not JSON says nothing about the models
+        models = refreshed_models(self.models, listing, self._extra)
+        if models == self.models or not self.ready:
+            return
+        self.models = models
+        logger.info(
+            "engine advertises new settings",
+            extra={"models": ",".join(m.id for m in models), "state": _states(models)},
+        )
+        if self._on_models is not None:
+            self._on_models(self, models)
 
     async def aclose(self) -> None:
         """Stop watching and stop the engine (SIGTERM, then SIGKILL after the node's `stop_timeout`)."""
         self.ready = False
         await self._watchers.aclose()
         await self.supervisor.stop(timeout=self.config.stop_timeout)
+
+
+def _states(models: tuple[ModelEntry, ...]) -> str:
+    return ",".join(sorted({m.replica_state for m in models}))

@@ -30,6 +30,11 @@ MAX_TIMESTAMP = 1e10
 MAX_SETTINGS = 32
 MAX_SETTING_TEXT = 256
 MAX_INT = 2**53
+REPLICA_SERVING = "serving"
+"""A model entry's `replica_state` when its engine serves normally, or says nothing about its state."""
+REPLICA_RECONFIGURING = "reconfiguring"
+"""A model entry's `replica_state` setting while its tensor-parallel engine moves onto the ranks it has left: it keeps
+its streams and queues new requests, so the gateway sends it new work only when no other replica serves."""
 
 
 def _freeze(value: Any) -> Any:
@@ -62,6 +67,13 @@ class ModelEntry:
     def to_wire(self) -> dict[str, Any]:
         """Plain dict for msgpack/JSON."""
         return {"id": self.id, "engine": self.engine, "settings": _thaw(self.settings)}
+
+    @property
+    def replica_state(self) -> str:
+        """What the engine says of this replica (its `replica_state` setting, e.g. `reconfiguring`); `serving`
+        when it says nothing."""
+        state = self.settings.get("replica_state")
+        return state if isinstance(state, str) and state else REPLICA_SERVING
 
 
 @dataclass(frozen=True)

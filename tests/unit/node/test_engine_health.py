@@ -61,3 +61,38 @@ async def test_watch_returns_the_reason_once_checks_keep_failing() -> None:
     reason = await watch_health(check, interval=0.0, failures=2, unhealthy_limit=0)
     assert reason == "engine failed 2 consecutive health checks"
     assert calls == 6
+
+
+def test_failures_closer_than_the_spacing_count_once() -> None:
+    # Reads every second for the engine's state, health checks every 10 s: the failure limit still counts checks.
+    v = HealthVerdict(failures=2, unhealthy_limit=0, now=0.0, spacing=10.0)
+    assert v.record(False, 1.0) is None and v.consecutive == 1
+    assert all(v.record(False, float(t)) is None for t in range(2, 11))
+    assert v.record(False, 11.0) == "engine failed 2 consecutive health checks"
+    v = HealthVerdict(failures=2, unhealthy_limit=0, now=0.0, spacing=10.0)
+    v.record(False, 1.0)
+    assert v.record(True, 5.0) is None and v.record(False, 6.0) is None and v.consecutive == 1
+
+
+def test_the_unhealthy_limit_is_checked_at_every_read() -> None:
+    v = HealthVerdict(failures=0, unhealthy_limit=3.0, now=0.0, spacing=10.0)
+    assert v.record(False, 2.0) is None
+    assert v.record(False, 3.0) == "engine unhealthy for 3.0 s (limit 3 s)"
+
+
+async def test_watch_reads_every_state_interval_but_counts_failures_once_per_health_interval() -> None:
+    now = 0.0
+    calls = 0
+
+    def clock() -> float:
+        return now
+
+    async def check() -> bool:
+        nonlocal calls, now
+        calls += 1
+        now += 0.25  # each read advances the clock; the loop's sleeps then last no time
+        return False
+
+    reason = await watch_health(check, interval=1.0, failures=3, unhealthy_limit=0, every=0.25, clock=clock)
+    assert reason == "engine failed 3 consecutive health checks"
+    assert calls == 9  # counted at reads 1, 5 and 9: one second apart, as without the state reads

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import textwrap
 from pathlib import Path
@@ -14,6 +15,7 @@ from opentela.node.engine_runner import (
     EXIT_ENGINE_NOT_READY,
     EXIT_FATAL_LOG_LINE,
     EngineRunner,
+    refreshed_models,
 )
 from opentela.registry.record import ModelEntry
 
@@ -120,3 +122,51 @@ async def test_an_engine_that_never_serves_fail_stops_or_sends_an_assignment_bac
     await asyncio.wait_for(run.run(), 30)
     assert assigned.fatal == [] and "exit status 7" in assigned.not_served[0]
     assert not run.supervisor.running
+
+
+def listing(state: str, ranks: str = "0,2", **more: object) -> dict[str, object]:
+    otela = {"replica_state": state, "tp_degree": len(ranks.split(",")), "tp_ranks": ranks, **more}
+    return {"object": "list", "data": [{"id": "m1", "max_model_len": 128, "otela": otela}]}
+
+
+def test_a_later_model_list_refreshes_settings_but_never_the_models_served() -> None:
+    served = (ModelEntry("m1", "custom", {"context_length": 128}), ModelEntry("m2", "custom", {"x": 1}))
+    models = refreshed_models(served, listing("reconfiguring"), {"memory_mib": 512})
+    assert [m.id for m in models] == ["m1", "m2"] and models[1] is served[1]  # m2 missing: kept as it was
+    assert dict(models[0].settings) == {
+        "context_length": 128,
+        "replica_state": "reconfiguring",
+        "tp_degree": 2,
+        "tp_ranks": "0,2",
+        "memory_mib": 512,
+    }
+    assert models[0].replica_state == "reconfiguring"
+    with_new = {"data": [{"id": "m3"}, {"id": "m1", "max_model_len": 128}]}
+    assert [m.id for m in refreshed_models(served, with_new)] == ["m1", "m2"]
+    for not_a_list in ({"status": "ok"}, [], "ok", {"data": "m1"}):
+        assert refreshed_models(served, not_a_list) is served
+
+
+def test_the_runner_tells_the_node_only_when_the_settings_change(tmp_path: Path) -> None:
+    changes: list[tuple[str, ...]] = []
+    run = EngineRunner(
+        engine(),
+        tmp_path / "engine.log",
+        NodeConfig(),
+        stop=asyncio.Event(),
+        on_serving=lambda r, models: None,
+        on_fatal=Verdicts().on_fatal,
+        on_models=lambda r, models: changes.append(tuple(m.replica_state for m in models)),
+    )
+    run.models, run.ready = (ModelEntry("m1", "custom", {"context_length": 128}),), True
+    reconfiguring = json.dumps(listing("reconfiguring")).encode()
+    run.refresh(reconfiguring)
+    run.refresh(reconfiguring)  # the same bytes: not even parsed again
+    run.refresh(json.dumps(listing("reconfiguring")).encode() + b" ")  # other bytes, same settings
+    run.refresh(b"OK")  # a health path that is not a model list
+    assert changes == [("reconfiguring",)]
+    run.refresh(json.dumps(listing("serving")).encode())
+    assert changes == [("reconfiguring",), ("serving",)] and run.models[0].settings["tp_ranks"] == "0,2"
+    run.retire()
+    run.refresh(json.dumps(listing("reconfiguring", "0")).encode())
+    assert len(changes) == 2  # a retired engine reports nothing more

@@ -58,7 +58,9 @@ def assigned_spans(mesh: Mesh) -> list[tuple[int, int]]:
     return sorted((m["start"], m["end"]) for _, m in mesh.sent)
 
 
-async def test_an_uncovered_model_is_split_over_idle_nodes_within_their_memory(smollm2: PipelineModel) -> None:
+async def test_an_uncovered_model_is_split_over_idle_nodes_within_their_memory(
+    smollm2: PipelineModel,
+) -> None:
     mesh = Mesh([worker(f"n{i}") for i in range(12)])
     results = await PipelineController([smollm2], lambda: mesh.records, mesh.send).run_round({})
     assert results and all(answer["ok"] for _, answer in results)
@@ -73,7 +75,9 @@ async def test_an_uncovered_model_is_split_over_idle_nodes_within_their_memory(s
 
 
 async def test_only_the_missing_blocks_are_placed_and_nobody_is_told_twice(smollm2: PipelineModel) -> None:
-    mesh = Mesh([worker("a", (span(0, 10),)), worker("c", (span(20, 30),)), *(worker(f"n{i}") for i in range(4))])
+    mesh = Mesh(
+        [worker("a", (span(0, 10),)), worker("c", (span(20, 30),)), *(worker(f"n{i}") for i in range(4))]
+    )
     pipelines = PipelineController([smollm2], lambda: mesh.records, mesh.send)
     await pipelines.run_round({})
     spans = assigned_spans(mesh)

@@ -74,13 +74,33 @@ function hardwareText(hw) {
   return `CPU ${cpu || "?"}${threads ? ` (${threads} threads)` : ""}${ram}`;
 }
 
+// A replica's own state as its engine says it (`replica_state`, serving when it says nothing). A tensor-parallel
+// engine that lost a rank says `reconfiguring` while it moves onto the ranks it has left: it is alive (its streams
+// go on, new requests wait), so it is shown by that state rather than as down.
+const SERVING = "serving";
+const replicaState = (s) => (s && typeof s.replica_state === "string" && s.replica_state) || SERVING;
+function tpText(tp) {
+  // `tp_degree` and the healthy ranks, from a replica of /v1/models (ranks as a list) or a record's settings.
+  if (!tp || tp.tp_degree == null) return "";
+  const ranks = Array.isArray(tp.tp_ranks) ? tp.tp_ranks.join(", ") : tp.tp_ranks;
+  return `TP ${tp.tp_degree}${ranks ? ` · ranks ${ranks}` : ""}`;
+}
+function stateBadge(lifecycle, settingsOrReplica) {
+  const state = replicaState(settingsOrReplica);
+  if (lifecycle !== "SERVING" || state === SERVING) return `<span class="badge ${esc(lifecycle)}">${esc(lifecycle)}</span>`;
+  const kind = state === "reconfiguring" ? "RECONFIGURING" : "replica-state";
+  return `<span class="badge ${kind}">${esc(state.toUpperCase())}</span>`;
+}
+
 function enginesText(r) {
   // A node's engines, with the memory each takes and what the node lends, where they share it.
   const models = r.models || [];
   if (!models.length) return "-";
   const parts = models.map((m) => {
     const mib = m.settings && m.settings.memory_mib;
-    return mib ? `${m.id} (${mib} MiB)` : m.id;
+    const tp = tpText(m.settings);
+    const notes = [mib ? `${mib} MiB` : "", tp].filter(Boolean).join(", ");
+    return notes ? `${m.id} (${notes})` : m.id;
   });
   const lent = r.hardware && r.hardware.engine_memory_mib;
   const used = models.reduce((sum, m) => sum + ((m.settings && m.settings.memory_mib) || 0), 0);
@@ -114,11 +134,16 @@ async function loadModels() {
         <h3>${esc(id)}</h3>${lazyLine(id)}
         <div class="sub">no replica: started on the first request</div></article>`).join("");
     box.innerHTML = coldCards + models.map((m) => {
-      const healthy = m.replicas.filter((r) => r.state === "SERVING" && !r.suspected).length;
+      const live = m.replicas.filter((r) => r.state === "SERVING" && !r.suspected);
+      const healthy = live.filter((r) => replicaState(r) === SERVING).length;
+      const others = {};
+      live.forEach((r) => { const st = replicaState(r); if (st !== SERVING) others[st] = (others[st] || 0) + 1; });
+      const othersText = Object.entries(others).map(([st, n]) => `, ${n} ${st}`).join("");
       const replicas = m.replicas.map((r) => `
-        <div class="replica" data-session="${esc(r.session_id)}">
-          <span class="k">state</span><span><span class="badge ${esc(r.state)}">${esc(r.state)}</span>
+        <div class="replica" data-session="${esc(r.session_id)}" data-replica-state="${esc(r.replica_state || "")}">
+          <span class="k">state</span><span>${stateBadge(r.state, r)}
             <span class="badge ${r.suspected ? "suspected" : "healthy"}">${r.suspected ? "suspected" : "healthy"}</span></span>
+          ${tpText(r) ? `<span class="k">tensor parallel</span><span class="tp">${esc(tpText(r))}</span>` : ""}
           <span class="k">provider</span><span>${esc(r.provider_id)}</span>
           <span class="k">node</span><span class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}</span>
           <span class="k">hardware</span><span>${esc(hardwareText(r.hardware))}</span>
@@ -126,7 +151,7 @@ async function loadModels() {
         </div>`).join("");
       return `<article class="card model-card" data-model="${esc(m.id)}">
         <h3>${esc(m.id)}</h3>
-        <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy</div>${lazyLine(m.id)}
+        <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy${esc(othersText)}</div>${lazyLine(m.id)}
         ${replicas}</article>`;
     }).join("");
   } catch (e) {
@@ -151,7 +176,7 @@ async function loadNodes() {
       return `<tr data-peer="${esc(r.peer_id)}" data-session="${esc(r.session_id)}">
         <td data-label="Node" class="mono" title="${esc(r.peer_id)}">${esc(short(r.peer_id))}${roles}</td>
         <td data-label="Provider">${esc(r.provider_id)}</td>
-        <td data-label="Lifecycle"><span class="badge ${esc(r.lifecycle)}">${esc(r.lifecycle)}</span></td>
+        <td data-label="Lifecycle">${stateBadge(r.lifecycle, { replica_state: (r.models || []).map((m) => replicaState(m.settings)).find((st) => st !== SERVING) })}</td>
         <td data-label="Health">${health}</td>
         <td data-label="Hardware">${esc(hardwareText(r.hardware))}</td>
         <td data-label="Models">${esc(enginesText(r))}</td>

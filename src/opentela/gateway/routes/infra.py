@@ -7,7 +7,7 @@ from typing import Any
 from aiohttp import web
 
 from opentela.gateway.state import GatewayState, state_of
-from opentela.registry.record import NodeRecord
+from opentela.registry.record import REPLICA_SERVING, ModelEntry, NodeRecord
 
 
 def _hardware_summary(record: NodeRecord) -> dict[str, Any]:
@@ -35,7 +35,26 @@ def _replica(gw: GatewayState, record: NodeRecord, model: str) -> dict[str, Any]
         "engine": entry.engine if entry else "",
         "settings": dict(entry.settings) if entry else {},
         "hardware": _hardware_summary(record),
+        **_replica_state(entry),
     }
+
+
+def _replica_state(entry: ModelEntry | None) -> dict[str, Any]:
+    """`replica_state` (`serving`, `reconfiguring`, or another state the engine names), and a tensor-parallel
+    engine's `tp_degree` and `tp_ranks` (the healthy ranks as a list) where it advertises them; a malformed value
+    is left out, not guessed at."""
+    if entry is None:
+        return {"replica_state": REPLICA_SERVING}
+    out: dict[str, Any] = {"replica_state": entry.replica_state}
+    degree = entry.settings.get("tp_degree")
+    if isinstance(degree, int) and not isinstance(degree, bool) and degree > 0:
+        out["tp_degree"] = degree
+    ranks = entry.settings.get("tp_ranks")
+    if isinstance(ranks, str):
+        parts = [p.strip() for p in ranks.split(",") if p.strip()]
+        if parts and all(p.isascii() and p.isdigit() for p in parts):
+            out["tp_ranks"] = [int(p) for p in parts]
+    return out
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -22,9 +22,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from opentela.engines.tp.placement import contiguous_groups, survivor_heads, survivor_shards
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import Device
-from opentela.engines.tp.placement import contiguous_groups, survivor_heads, survivor_shards
 from opentela.scheduler.raidserve.layout import Layout, plan_layout
 from opentela.scheduler.roofline import Precision, step_time
 
