@@ -34,7 +34,7 @@ import numpy as np
 
 from opentela.engines.tp.placement import Placement
 from opentela.engines.tp.worker import AUTHKEY_ENV
-from opentela.errors import EngineUnavailableError
+from opentela.errors import EngineError, EngineUnavailableError
 from opentela.model.config import ModelConfig
 from opentela.model.tensor_parallel import DEFAULT_FFN_SHARDS, reduce_partials
 from opentela.model.threads import DEFAULT_THREADS
@@ -55,8 +55,10 @@ class RankLost(Exception):
         self.rank, self.reason = rank, reason
 
 
-class RankError(RuntimeError):
+class RankError(EngineError):
     """A rank answered a message with an error (a bug or bad input, not a failure of the rank)."""
+
+    code = "rank_error"
 
 
 @dataclass
@@ -373,20 +375,26 @@ class TensorParallelReplica:
         return self.placement
 
     # --- stepping ----------------------------------------------------------------------------------------------
-    def step(self, batch: Sequence[tuple[RequestState, np.ndarray]]) -> list[np.ndarray]:
-        """Run every block on each request's new hidden states; a lost rank is recovered and the step rerun."""
+    def step(self, batch: Sequence[tuple[RequestState, np.ndarray]]) -> list[np.ndarray | None]:
+        """Run every block on each request's new hidden states; a lost rank is recovered and the step rerun.
+
+        A request closed meanwhile (its client went away) is left out of the batch; its output is None.
+        """
         with self._lock:
-            while True:
+            live = [(req, hidden) for req, hidden in batch if self.requests.get(req.id) is req]
+            while live:
                 placement = self._serving_placement()
                 try:
-                    out = self._step_once(placement, batch)
+                    out = self._step_once(placement, live)
                 except RankLost as exc:
                     self._recover(exc)
                     continue
-                for req, hidden in batch:
+                for req, hidden in live:
                     req.length += hidden.shape[0]
                     req.inputs.append(hidden)
-                return out
+                by_id = {req.id: x for (req, _), x in zip(live, out, strict=True)}
+                return [by_id.get(req.id) for req, _ in batch]
+            return [None] * len(batch)
 
     def _step_once(
         self, placement: Placement, batch: Sequence[tuple[RequestState, np.ndarray]]

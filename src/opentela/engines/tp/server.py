@@ -91,7 +91,8 @@ class ReplicaDriver:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            batch, self._pending = self._pending, []
+            # Requests whose client left meanwhile are dropped here; the replica drops any closed since.
+            batch, self._pending = [entry for entry in self._pending if not entry[2].done()], []
             if not batch:
                 continue
             try:
@@ -103,8 +104,12 @@ class ReplicaDriver:
                 continue
             self.steps += 1
             self.batched_rows += len(batch)
-            for (_, _, fut), out in zip(batch, outs, strict=True):
-                if not fut.done():
+            for (req, _, fut), out in zip(batch, outs, strict=True):
+                if fut.done():
+                    continue
+                if out is None:
+                    fut.set_exception(EngineUnavailableError(f"request {req.id} was closed"))
+                else:
                     fut.set_result(out)
 
     async def aclose(self) -> None:
