@@ -15,6 +15,7 @@ import pytest
 from frontend_helpers import admit, counters, rates
 from sqlalchemy import text
 
+from opentela.bench.traces import CSV_COLUMNS
 from opentela.cli.localmesh import OTELA, NodeProcess, free_port
 from opentela.frontend.db import Database
 from opentela.frontend.keys import KeySettings, KeyStore
@@ -75,7 +76,7 @@ def test_keys_create_list_rotate_revoke_usage(tmp_path: Path) -> None:
     usage = otela("keys", "--db", db_url, "usage")
     assert usage.returncode == 0 and "requests" in usage.stdout
     export = otela("keys", "--db", db_url, "export")
-    assert export.stdout.splitlines() == ["timestamp,model,input_tokens,output_tokens,sampling_params"]
+    assert export.stdout.splitlines() == [",".join(CSV_COLUMNS)]
 
 
 def test_keys_default_to_the_data_directory(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from frontend_helpers import ADMIN_TOKEN, start_frontend
 from openai import AsyncOpenAI
 from sqlalchemy import select
 
+from opentela.bench.traces import CSV_COLUMNS
 from opentela.cli.localmesh import LocalMesh
 from opentela.engines.embedded import MODEL_ID
 from opentela.frontend import Frontend
@@ -167,7 +168,7 @@ async def test_admin_api_keys_lifecycle_and_export(frontend: Frontend) -> None:
             assert r.status == 401 and (await r.json())["error"]["code"] == "api_key_revoked"
         async with http.get(url + "/admin/usage/export.csv", headers=admin) as r:
             lines = (await r.text()).splitlines()
-        assert lines[0] == "timestamp,model,input_tokens,output_tokens,sampling_params"
+        assert lines[0] == ",".join(CSV_COLUMNS)
         assert any(MODEL_ID in ln for ln in lines[1:])
         async with http.get(url + "/docs") as r:
             assert r.status == 200

@@ -6,10 +6,12 @@ import asyncio
 import csv
 import io
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
 
+from opentela.bench.traces import CSV_COLUMNS, read_trace
 from opentela.errors import AuthenticationError
 from opentela.frontend.db import Database
 from opentela.frontend.errors import (
@@ -177,7 +179,7 @@ async def test_pending_rows_are_reconciled_on_restart(db_url: str) -> None:
         await db.aclose()
 
 
-async def test_aggregates_and_trace_export(db_url: str) -> None:
+async def test_aggregates_and_trace_export(db_url: str, tmp_path: Path) -> None:
     db = await Database.open(db_url)
     try:
         store = KeyStore(db)
@@ -186,7 +188,7 @@ async def test_aggregates_and_trace_export(db_url: str) -> None:
         private_key, _ = await store.create(KeySettings(name="private", log_content=False))
         for key, tokens in ((open_key, (3, 4)), (open_key, (5, 6)), (private_key, (7, 8))):
             (adm,) = await _admit(ledger, key)
-            await ledger.complete(adm, Outcome("ok", 200, "p", "n", *tokens, False))
+            await ledger.complete(adm, Outcome("ok", 200, "p", "n", *tokens, False, ttft_ms=25.0))
         (failed,) = await _admit(ledger, open_key)
         await ledger.complete(failed, Outcome("error", 502, error="boom"))
         agg = {r["key_id"]: r for r in await ledger.aggregates()}
@@ -194,12 +196,21 @@ async def test_aggregates_and_trace_export(db_url: str) -> None:
         assert agg[open_key.id]["output_tokens"] == 10 and agg[open_key.id]["failed"] == 1
         assert agg[private_key.id]["requests"] == 1
         text_csv = "".join([part async for part in ledger.export_trace()])
-        rows = list(csv.reader(io.StringIO(text_csv)))
-        assert tuple(rows[0]) == TRACE_COLUMNS
+        rows = list(csv.DictReader(io.StringIO(text_csv)))
+        assert tuple(text_csv.splitlines()[0].split(",")) == TRACE_COLUMNS == CSV_COLUMNS
         # Completed requests of keys that did not opt out only; no key, no content.
-        assert sorted((r[2], r[3]) for r in rows[1:]) == [("3", "4"), ("5", "6")]
-        assert rows[1][4] == '{"max_tokens": 8, "temperature": 0.5}'
+        assert sorted((r["input_tokens"], r["output_tokens"]) for r in rows) == [("3", "4"), ("5", "6")]
+        assert (rows[0]["temperature"], rows[0]["max_tokens"], rows[0]["top_p"]) == ("0.5", "8", "")
+        assert rows[0]["ttft_s"] == "0.025" and float(rows[0]["e2e_s"]) >= 0
+        assert rows[0]["prefix_hashes"] == rows[0]["reasoning"] == rows[0]["session"] == ""
         assert open_key.id not in text_csv and private_key.id not in text_csv
+        # Every workload tool reads the export as it is.
+        path = tmp_path / "export.csv"
+        path.write_text(text_csv)
+        records = read_trace(path)
+        assert [(r.model, r.input_tokens, r.output_tokens) for r in records] == [("m", 3, 4), ("m", 5, 6)]
+        assert all(r.temperature == 0.5 and r.max_tokens == 8 and r.ttft_s == 0.025 for r in records)
+        assert records[0].timestamp == pytest.approx(time.time(), abs=60)
         series = await ledger.series(key_id=open_key.id, since=time.time() - 3600, bucket_s=300)
         assert sum(p["requests"] for p in series) == 3
     finally:

@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from opentela.bench.report import Outcome, build_report
+from opentela.bench.traces import TRACE_FORMATS, parse_model_map
 from opentela.bench.workload import LengthDistribution, PlannedRequest, poisson_plan, prompt_of, trace_plan
 from opentela.errors import ConfigError
 
@@ -209,7 +210,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrival rate, requests/s")
     p.add_argument("--duration", type=float, help="seconds of arrivals (default 30 unless --requests)")
     p.add_argument("--requests", type=int, help="number of requests")
-    p.add_argument("--trace", metavar="FILE", help="JSON-lines trace: timestamp, input_tokens, output_tokens")
+    p.add_argument("--trace", metavar="FILE", help="replay a trace's arrivals and lengths (docs/traces.md)")
+    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto", help="the trace's format (auto)")
+    p.add_argument(
+        "--trace-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="replay only the trace's requests for this model (repeatable; all of them are sent to --model)",
+    )
     p.add_argument("--speedup", type=float, default=1.0, help="divide trace timestamps by this")
     p.add_argument("--input-len", default="128", help="prompt tokens: N, uniform:LO:HI, exp:MEAN, ...")
     p.add_argument("--output-len", default="64", help="output tokens: N, uniform:LO:HI, exp:MEAN, ...")
@@ -227,7 +236,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def plan_from_args(args: argparse.Namespace) -> tuple[list[PlannedRequest], int]:
     """The requests to send, from the flags."""
     if args.trace:
-        plan = trace_plan(args.trace, speedup=args.speedup, count=args.requests)
+        plan = trace_plan(
+            args.trace,
+            speedup=args.speedup,
+            count=args.requests,
+            fmt=args.trace_format,
+            models=parse_model_map(args.trace_model),
+        )
     else:
         duration = args.duration if args.duration is not None else (None if args.requests else 30.0)
         plan = list(

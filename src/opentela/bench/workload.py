@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from opentela.bench.traces import read_trace, select_models
 from opentela.errors import ConfigError
 
 
@@ -84,33 +84,29 @@ def poisson_plan(
         t += rng.expovariate(rate)
 
 
-def trace_plan(path: str | Path, *, speedup: float = 1.0, count: int | None = None) -> list[PlannedRequest]:
-    """Requests from a JSON-lines trace: ``{"timestamp": s, "input_tokens": n, "output_tokens": m}`` per line.
+def trace_plan(
+    path: str | Path,
+    *,
+    speedup: float = 1.0,
+    count: int | None = None,
+    fmt: str = "auto",
+    models: Mapping[str, str] | None = None,
+) -> list[PlannedRequest]:
+    """Requests from a trace in any format `read_trace` reads (docs/traces.md), shifted to start at 0.
 
-    Timestamps may be absolute (they are shifted to start at 0) and are divided by `speedup`. The keys
-    ``prompt_tokens``/``input_len`` and ``completion_tokens``/``output_len`` are accepted too.
+    Timestamps are divided by `speedup`; `models` keeps only the requests of the trace models it names.
     """
-    out: list[PlannedRequest] = []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            at = float(row.get("timestamp", row.get("time", 0.0)))
-            inp = int(row.get("input_tokens", row.get("prompt_tokens", row.get("input_len"))))
-            outp = int(row.get("output_tokens", row.get("completion_tokens", row.get("output_len"))))
-        except (ValueError, TypeError, AttributeError) as exc:
-            raise ConfigError(f"{path}:{number}: not a trace line ({exc})") from None
-        out.append(PlannedRequest(at, max(1, inp), max(1, outp)))
-    if not out:
-        raise ConfigError(f"trace {path} has no requests")
-    out.sort(key=lambda r: r.at)
-    start = out[0].at
-    plan = [PlannedRequest((r.at - start) / speedup, r.input_tokens, r.output_tokens) for r in out]
+    if speedup <= 0:
+        raise ConfigError("the trace speedup must be > 0")
+    records = select_models(read_trace(path, fmt), models or {})
+    if not records:
+        raise ConfigError(f"trace {path} has no requests" + (" of the chosen models" if models else ""))
+    start = records[0].timestamp
+    # Every request asks for at least one token each way: an empty prompt or max_tokens 0 is refused upstream.
+    plan = [
+        PlannedRequest((r.timestamp - start) / speedup, max(1, r.input_tokens), max(1, r.output_tokens))
+        for r in records
+    ]
     return plan[:count] if count is not None else plan
 
 

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from opentela._logging import setup_logging
 from opentela._signals import on_stop_signals
 from opentela._types import PROTO_DEMAND, Lifecycle
+from opentela.bench.traces import TRACE_FORMATS, TraceRecord, read_trace
 from opentela.cli._process import run_async
 from opentela.config import OtelaConfig, config_home, load_config
 from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
@@ -39,6 +40,7 @@ from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
 from opentela.scheduler.pipeline_control import BlockAssignment, PipelineController
 from opentela.scheduler.serverless import ServerlessController
+from opentela.scheduler.workload import Workload, workloads_from_trace
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `otela controller`."""
     p.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL", help="an ingress of the mesh")
     p.add_argument("--catalog", metavar="FILE", help="models to serve: YAML catalog (see docs/scheduler.md)")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="take the catalog models' rates and lengths from this trace instead (docs/traces.md)",
+    )
+    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto", help="the trace's format (auto)")
+    p.add_argument("--speedup", type=float, default=1.0, help="scale the trace's rates by this (1)")
     p.add_argument(
         "--interval", type=float, metavar="S", help="seconds between rounds (default: catalog, 30)"
     )
@@ -135,6 +144,21 @@ class ObservedRates:
 def observed_by_workload(catalog: FleetCatalog, rates: Mapping[str, float]) -> dict[str, float]:
     """Rates keyed by workload model, for the catalog models that observe theirs and saw traffic."""
     return {m.config: rates[m.id] for m in catalog.models if m.observe and rates.get(m.id, 0.0) > 0}
+
+
+def catalog_with_trace(
+    catalog: FleetCatalog, records: Sequence[TraceRecord], speedup: float = 1.0
+) -> FleetCatalog:
+    """The catalog with the traffic of each model the trace has (matched by served id, else by config name)."""
+    derived = {w.model: w for w in workloads_from_trace(records, speedup=speedup)}
+    models = []
+    for m in catalog.models:
+        w = derived.get(m.id) or derived.get(m.config)
+        # The placement knows a model by its config name, whatever the trace calls it.
+        models.append(
+            m if w is None else dataclasses.replace(m, workload=Workload(m.config, w.rate, w.input, w.output))
+        )
+    return dataclasses.replace(catalog, models=models)
 
 
 class FleetControllerNode:
@@ -324,6 +348,8 @@ async def run_controller(args: argparse.Namespace) -> int:
     if not args.catalog:
         raise ConfigError("--catalog FILE is required (models, engine command templates, workloads)")
     catalog = load_fleet_catalog(args.catalog)
+    if args.trace:
+        catalog = catalog_with_trace(catalog, read_trace(args.trace, args.trace_format), args.speedup)
     config = _config(args)
     setup_logging(config.log)
     stop = asyncio.Event()
@@ -345,6 +371,9 @@ async def run_controller(args: argparse.Namespace) -> int:
                 f"catalog    {', '.join(names)} (policy {catalog.policy})",
                 file=sys.stderr,
             )
+            if args.trace:
+                rates = ", ".join(f"{m.id} {m.workload.rate:.3g} req/s" for m in catalog.kept)
+                print(f"traffic    {rates} (from {args.trace})", file=sys.stderr)
             print(
                 "nodes accept assignments from this controller once they list its peer id in [node] controllers",
                 file=sys.stderr,

@@ -46,6 +46,7 @@ COMMANDS: tuple[Command, ...] = (
     ),
     Command("bench", "opentela.cli.bench", "measure an OpenAI-compatible endpoint"),
     Command("profile", "opentela.cli.profile", "measure a performance profile against a live engine"),
+    Command("trace", "opentela.cli.trace", "a trace's workload statistics and plots; synthetic traces"),
     Command("version", "opentela.cli.version", "print the version"),
     Command("config", "opentela.cli.config", "configuration helpers"),
 )

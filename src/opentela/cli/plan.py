@@ -21,7 +21,7 @@ ALGORITHMS = ("cg-bprr", "cg-bp", "petals", "milp")
 
 
 class _OptionalFlags:
-    """Adds the CP-SAT flags without `required`: --pipeline needs neither --cluster nor --workload."""
+    """Adds the CP-SAT flags without `required`: --pipeline needs neither --cluster nor --workload/--trace."""
 
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self.parser = parser
@@ -65,9 +65,9 @@ def run(ns: argparse.Namespace) -> int:
     if ns.failover:
         return plan_tp.run(ns)
     if not ns.pipeline:
-        if not ns.cluster or not ns.workload:
+        if not ns.cluster or not (ns.workload or ns.trace):
             raise ConfigError(
-                "otela plan needs --cluster and --workload (or --pipeline FILE for a split model, or "
+                "otela plan needs --cluster and --workload or --trace (or --pipeline FILE for a split model, or "
                 "--failover MODEL for a tensor-parallel replica on fewer GPUs)"
             )
         return run_placement(ns)

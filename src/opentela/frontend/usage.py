@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
-import json
 import logging
 import time
 import uuid
@@ -16,6 +15,7 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, case, func, or_, select, update
 
+from opentela.bench.traces import CSV_COLUMNS, TraceRecord, csv_row, sampling_values
 from opentela.frontend.admission_db import Refused, admit_call, admit_transaction
 from opentela.frontend.counters import (
     RateKey,
@@ -39,7 +39,8 @@ from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
 
-TRACE_COLUMNS = ("timestamp", "model", "input_tokens", "output_tokens", "sampling_params")
+TRACE_COLUMNS = CSV_COLUMNS
+"""The export's columns: the trace schema's (docs/traces.md), so every workload tool reads the export as is."""
 
 
 def utc_day(ts: float) -> str:
@@ -488,7 +489,7 @@ class UsageLedger:
     async def export_trace(
         self, *, since: float | None = None, until: float | None = None
     ) -> AsyncIterator[str]:
-        """CSV in the anonymized trace schema: completed requests of keys that did not opt out; no content, no key."""
+        """The trace as `write_trace`'s CSV: completed requests of keys that did not opt out; no content, no key."""
         q = (
             select(
                 UsageRow.started_at,
@@ -496,6 +497,8 @@ class UsageLedger:
                 UsageRow.input_tokens,
                 UsageRow.output_tokens,
                 UsageRow.sampling,
+                UsageRow.latency_ms,
+                UsageRow.ttft_ms,
             )
             .join(ApiKey, ApiKey.id == UsageRow.key_id)
             .where(UsageRow.status == "ok", ApiKey.log_content.is_(True))
@@ -506,16 +509,27 @@ class UsageLedger:
         if until is not None:
             q = q.where(UsageRow.started_at < until)
         out = io.StringIO()
-        writer = csv.writer(out)
+        writer = csv.writer(out, lineterminator="\n")
         writer.writerow(TRACE_COLUMNS)
         async with self.db.session() as s:
             result = await s.stream(q.execution_options(yield_per=500))
-            async for started, model, inp, outp, sampling in result:
-                stamp = (
-                    time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(started))
-                    + f".{int(started % 1 * 1000):03d}Z"
-                )
-                writer.writerow([stamp, model, inp, outp, json.dumps(sampling or {}, sort_keys=True)])
+            async for started, model, inp, outp, sampling, latency_ms, ttft_ms in result:
+                try:
+                    record = TraceRecord(
+                        timestamp=started,
+                        model=model,
+                        input_tokens=inp,
+                        output_tokens=outp,
+                        **sampling_values(sampling or {}),
+                        e2e_s=None if latency_ms is None else latency_ms / 1000,
+                        ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+                        # Prefix hashes of the prompt's blocks go here once the gateway records them.
+                        prefix_hashes=(),
+                    )
+                except ValueError as exc:
+                    logger.warning("usage row left out of the trace export: %s", exc)
+                    continue
+                writer.writerow(csv_row(record))
                 if out.tell() > 64 * 1024:
                     yield out.getvalue()
                     out.seek(0)

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from opentela.bench.traces import TRACE_FORMATS, parse_model_map, read_trace, select_models
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import load_catalog
 from opentela.scheduler.models import load_model
@@ -22,7 +23,15 @@ from opentela.scheduler.placement import Cluster, Plan, Problem, check_plan, get
 from opentela.scheduler.roofline import Precision
 from opentela.scheduler.simulator import EngineLimits, ReplicaSpec, simulate
 from opentela.scheduler.tables import SimSettings, TableBuilder
-from opentela.scheduler.workload import LengthDist, Trace, Workload, load_trace, load_workloads, poisson_trace
+from opentela.scheduler.workload import (
+    LengthDist,
+    Trace,
+    Workload,
+    load_trace,
+    load_workloads,
+    poisson_trace,
+    workloads_from_trace,
+)
 
 
 def _length(text: str) -> LengthDist:
@@ -48,6 +57,17 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+def _add_trace_flags(p: argparse.ArgumentParser, model_help: str, metavar: str = "NAME") -> None:
+    p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto", help="the trace's format (auto)")
+    p.add_argument("--trace-model", action="append", default=[], metavar=metavar, help=model_help)
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="play the trace this many times faster: closer arrivals, higher rates (1)",
+    )
+
+
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `otela simulate`."""
     p.add_argument("--model", required=True, help="shipped model name or a config.json path")
@@ -63,15 +83,24 @@ def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (default 60)")
     p.add_argument("--burst", type=int, metavar="N", help="instead of Poisson arrivals: N requests at time 0")
-    p.add_argument("--trace", metavar="FILE", help="replay a trace (CSV or JSONL: arrival,input,output)")
+    p.add_argument("--trace", metavar="FILE", help="replay a trace (any format of docs/traces.md)")
+    _add_trace_flags(p, "replay only the trace's requests for this model (repeatable; all run on --model)")
     _add_engine_flags(p)
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `otela plan`."""
     p.add_argument("--cluster", required=True, metavar="FILE", help="YAML: devices: {TYPE: COUNT}")
+    p.add_argument("--workload", metavar="FILE", help="YAML: models: [{model, rate, input, output}]")
     p.add_argument(
-        "--workload", required=True, metavar="FILE", help="YAML: models: [{model, rate, input, output}]"
+        "--trace",
+        metavar="FILE",
+        help="instead of --workload: each model's rate and lengths from a trace (docs/traces.md)",
+    )
+    _add_trace_flags(
+        p,
+        "plan only the trace's model NAME, as the shipped model or config MODEL (repeatable)",
+        "NAME[=MODEL]",
     )
     p.add_argument("--policy", default="cpsat", help="placement policy name or package.module:Class (cpsat)")
     p.add_argument("--baseline", default="memp", help="policy to compare with, or 'none' (default memp)")
@@ -98,8 +127,15 @@ def simulate_command(ns: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--dp must be at least 1 and --rate positive")
     rng = np.random.default_rng(ns.seed)
     if ns.trace:
-        trace = load_trace(ns.trace)
-        trace = Trace(trace.arrival, trace.input_len, trace.output_len, trace.model * 0)
+        if ns.speedup <= 0:
+            raise ConfigError("--speedup must be positive")
+        chosen = parse_model_map(ns.trace_model)
+        trace = load_trace(ns.trace, fmt=ns.trace_format, models=dict.fromkeys(chosen, 0) if chosen else None)
+        if not len(trace):
+            raise ConfigError(
+                f"trace {ns.trace} has no requests" + (" of the chosen models" if chosen else "")
+            )
+        trace = Trace(trace.arrival / ns.speedup, trace.input_len, trace.output_len, trace.model * 0)
     elif ns.burst:
         inp, out = ns.input.sample(rng, ns.burst), ns.output.sample(rng, ns.burst)
         trace = Trace(np.zeros(ns.burst), inp, out, np.zeros(ns.burst, dtype=np.int64))
@@ -163,10 +199,20 @@ def _progress(enabled: bool) -> Iterator[Any]:
         yield update
 
 
+def plan_workloads(ns: argparse.Namespace) -> list[Workload]:
+    """The workloads to plan for: from --workload's file, or derived from --trace's requests."""
+    if bool(ns.workload) == bool(ns.trace):
+        raise ConfigError("otela plan needs either --workload FILE or --trace FILE")
+    if not ns.trace:
+        return load_workloads(ns.workload)
+    records = select_models(read_trace(ns.trace, ns.trace_format), parse_model_map(ns.trace_model))
+    return workloads_from_trace(records, speedup=ns.speedup)
+
+
 def plan_command(ns: argparse.Namespace, show_progress: bool = True) -> dict[str, Any]:
     """Run `otela plan`; returns the JSON document it prints."""
     cluster = Cluster.load(ns.cluster, ns.hardware)
-    workloads = load_workloads(ns.workload)
+    workloads = plan_workloads(ns)
     if ns.table_points < 2:
         raise ConfigError("--table-points must be at least 2")
     settings = SimSettings(horizon_s=ns.sim_duration, rate_points=ns.table_points, seed=ns.seed)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,22 +10,51 @@ from typing import Any
 import numpy as np
 import yaml
 
+from opentela.bench.traces import TraceRecord, read_trace
 from opentela.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class LengthDist:
-    """Token lengths drawn from a normal distribution, rounded and clipped to [low, high]."""
+    """Token lengths drawn from a normal distribution, rounded and clipped to [low, high].
+
+    Built from a trace (`empirical`), it draws from the trace's own lengths instead, through their quantiles;
+    `mean` and `std` are then the trace's, for the placement's memory estimates.
+    """
 
     mean: float
     std: float = 0.0
     low: int = 1
     high: int = 1 << 20
+    quantiles: tuple[float, ...] = ()
+    """Evenly spaced quantiles (the 0th to the 100th percentile) of observed lengths; empty: normal."""
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """`n` lengths as int64."""
-        values = rng.normal(self.mean, self.std, n) if self.std > 0 else np.full(n, self.mean)
+        if self.quantiles:
+            grid = np.linspace(0.0, 1.0, len(self.quantiles))
+            values = np.interp(rng.uniform(0.0, 1.0, n), grid, self.quantiles)
+        elif self.std > 0:
+            values = rng.normal(self.mean, self.std, n)
+        else:
+            values = np.full(n, self.mean)
         return np.clip(np.rint(values), self.low, self.high).astype(np.int64)
+
+    @property
+    def median(self) -> float:
+        """The median length (the mean for a normal distribution)."""
+        if not self.quantiles:
+            return self.mean
+        return float(np.interp(0.5, np.linspace(0.0, 1.0, len(self.quantiles)), self.quantiles))
+
+    @classmethod
+    def empirical(cls, lengths: Sequence[int] | np.ndarray, points: int = 101) -> LengthDist:
+        """The distribution of observed lengths, kept as `points` quantiles (bimodal shapes survive)."""
+        values = np.asarray(lengths, dtype=np.float64)
+        if values.size == 0:
+            raise ConfigError("an empirical length distribution needs at least one length")
+        q = np.quantile(values, np.linspace(0.0, 1.0, points))
+        return cls(float(values.mean()), float(values.std()), quantiles=tuple(float(v) for v in q))
 
     @classmethod
     def parse(cls, raw: Any, where: str) -> LengthDist:
@@ -98,26 +125,55 @@ def poisson_trace(
     return Trace(arrival[order], inp[order], out[order], model[order])
 
 
-def load_trace(path: str | Path) -> Trace:
-    """A trace from CSV (columns arrival,input,output[,model]) or JSON lines with those keys; model is an index."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read trace {path}: {exc}") from None
-    if path.suffix in (".jsonl", ".json"):
-        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-    else:
-        rows = list(csv.DictReader(text.splitlines()))
-    try:
-        arrival = np.array([float(r["arrival"]) for r in rows])
-        inp = np.array([int(r["input"]) for r in rows], dtype=np.int64)
-        out = np.array([int(r["output"]) for r in rows], dtype=np.int64)
-        model = np.array([int(r.get("model", 0) or 0) for r in rows], dtype=np.int64)
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"trace {path}: each row needs arrival, input, output: {exc}") from None
+def trace_from_records(records: Sequence[TraceRecord], models: Mapping[str, int] | None = None) -> Trace:
+    """The simulator's trace of `records`, arrivals shifted to start at 0.
+
+    `models` maps model names to indices (names it lacks are dropped); by default indices follow first
+    appearance, except that the index-named models of old ``arrival,input,output,model`` files keep their index.
+    """
+    if models is None:
+        names = list(dict.fromkeys(r.model for r in records))
+        legacy = all(n.isdigit() for n in names)
+        models = {n: int(n) if legacy else i for i, n in enumerate(names)}
+    kept = [r for r in records if r.model in models]
+    start = min((r.timestamp for r in kept), default=0.0)
+    arrival = np.array([r.timestamp - start for r in kept], dtype=np.float64)
+    inp = np.array([r.input_tokens for r in kept], dtype=np.int64)
+    out = np.array([r.output_tokens for r in kept], dtype=np.int64)
+    model = np.array([models[r.model] for r in kept], dtype=np.int64)
     order = np.argsort(arrival, kind="stable")
     return Trace(arrival[order], inp[order], out[order], model[order])
+
+
+def load_trace(path: str | Path, *, fmt: str = "auto", models: Mapping[str, int] | None = None) -> Trace:
+    """A trace file in any format `read_trace` reads (docs/traces.md) as the simulator's `Trace`."""
+    return trace_from_records(read_trace(path, fmt), models)
+
+
+def workloads_from_trace(records: Sequence[TraceRecord], *, speedup: float = 1.0) -> list[Workload]:
+    """One workload per model of the trace (first appearance first): its rate and empirical lengths.
+
+    The rate is the model's requests over the whole trace's duration, times `speedup`, so that a model active
+    for a day of a week-long trace gets its share of the week.
+    """
+    if len(records) < 2 or speedup <= 0:
+        raise ConfigError("a workload needs a trace of at least two requests (and a positive speedup)")
+    times = [r.timestamp for r in records]
+    duration = max(times) - min(times)
+    if duration <= 0:
+        raise ConfigError("the trace's requests all arrive at once: no rate can be derived from it")
+    by_model: dict[str, list[TraceRecord]] = {}
+    for r in records:
+        by_model.setdefault(r.model, []).append(r)
+    return [
+        Workload(
+            model,
+            len(rows) / duration * speedup,
+            LengthDist.empirical([r.input_tokens for r in rows]),
+            LengthDist.empirical([r.output_tokens for r in rows]),
+        )
+        for model, rows in by_model.items()
+    ]
 
 
 def load_workloads(path: str | Path) -> list[Workload]:

@@ -140,7 +140,7 @@ async def usage_series(request: Request, key_id: str | None = None, hours: int =
 async def export_csv(
     request: Request, since: float | None = None, until: float | None = None
 ) -> StreamingResponse:
-    """timestamp, model, input_tokens, output_tokens, sampling_params; no keys, no content, opted-out keys left out."""
+    """The trace schema's CSV (docs/traces.md); no keys, no content, opted-out keys left out."""
     ledger = state_of(request).ledger
     return StreamingResponse(
         ledger.export_trace(since=since, until=until),
