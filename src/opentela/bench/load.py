@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from opentela.bench.report import Outcome, build_report
-from opentela.bench.traces import TRACE_FORMATS, parse_model_map
+from opentela.bench.traces import TRACE_FORMATS, TraceRecord, parse_model_map, write_trace
 from opentela.bench.workload import LengthDistribution, PlannedRequest, poisson_plan, prompt_of, trace_plan
 from opentela.errors import ConfigError
 
@@ -154,8 +154,12 @@ async def run_load(
     duration: float | None = None,
     progress: bool = True,
     on_outcome: Callable[[Outcome], None] | None = None,
+    executed: list[tuple[PlannedRequest, Outcome]] | None = None,
 ) -> tuple[list[Outcome], float]:
-    """Send the plan open loop; returns every outcome and the elapsed seconds (until the last one ended)."""
+    """Send the plan open loop; returns every outcome and the elapsed seconds (until the last one ended).
+
+    `executed`, when given, receives each planned request with its outcome (whose `sent_at` is when it left).
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     outcomes: list[Outcome] = []
@@ -188,7 +192,10 @@ async def run_load(
                     on_outcome(outcome)
 
             async def one(planned: PlannedRequest, t0: float) -> None:
-                done(await send_one(http, settings, planned, t0))
+                outcome = await send_one(http, settings, planned, t0)
+                if executed is not None:
+                    executed.append((planned, outcome))
+                done(outcome)
 
             t0 = time.perf_counter()
             sent = 0
@@ -230,6 +237,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals and lengths")
     p.add_argument("--out", metavar="FILE", help="write the JSON report here (it always goes to stdout)")
+    p.add_argument(
+        "--record",
+        metavar="FILE",
+        help="write the requests as actually sent, as a trace (.csv or .jsonl; docs/traces.md)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -278,11 +290,39 @@ def settings_from_args(args: argparse.Namespace) -> LoadSettings:
     )
 
 
+def executed_trace(executed: Iterable[tuple[PlannedRequest, Outcome]], model: str) -> list[TraceRecord]:
+    """What a run actually sent, in the trace schema, in sending order.
+
+    The timestamp is when a request left (seconds from the run's start), the lengths are the server's counts
+    where it reported them (else the planned prompt, and no output for a failed request), `max_tokens` is the
+    planned output, and the latencies are the measured ones.
+    """
+    return [
+        TraceRecord(
+            timestamp=o.sent_at,
+            model=model,
+            input_tokens=o.input_tokens,
+            output_tokens=o.output_tokens if o.ok else 0,
+            max_tokens=p.output_tokens,
+            e2e_s=o.e2e,
+            ttft_s=o.ttft,
+        )
+        for p, o in sorted(executed, key=lambda e: e[1].sent_at)
+    ]
+
+
 async def load_report(args: argparse.Namespace) -> dict[str, Any]:
-    """Run the load the flags describe and build its report."""
+    """Run the load the flags describe and build its report (and, with --record, the trace it executed)."""
     plan, total = plan_from_args(args)
     settings = settings_from_args(args)
-    outcomes, elapsed = await run_load(plan, settings, total=total, progress=not args.no_progress)
+    if args.record:
+        write_trace([], args.record)  # a bad name or an unwritable place fails now, not after the run
+    executed: list[tuple[PlannedRequest, Outcome]] = []
+    outcomes, elapsed = await run_load(
+        plan, settings, total=total, progress=not args.no_progress, executed=executed
+    )
+    if args.record:
+        write_trace(executed_trace(executed, settings.model), args.record)
     recorded = {k: v for k, v in vars(args).items() if k not in ("api_key", "cmd", "bench_cmd")}
     recorded["loadavg"] = list(os.getloadavg())
     return build_report(outcomes, elapsed, recorded)

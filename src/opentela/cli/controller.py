@@ -1,9 +1,10 @@
 """`otela controller`: a node of role ``controller`` that assigns catalog models to idle workers.
 
 It joins the mesh like any node (through the ingress's bootstrap address unless told otherwise), reads the
-fleet from its own registry replica, observes request rates at the ingress's /metrics, and sends ``assign``
-messages over /otela/control/1. Nodes accept them only from the peer ids they list in ``controllers``, so
-the controller keeps its identity in a key file of its own and prints its peer id at start.
+fleet from its own registry replica, observes request rates at the ingress's /metrics (or, with a usage feed,
+rates and lengths from a frontend's usage export), and sends ``assign`` messages over /otela/control/1. Nodes
+accept them only from the peer ids they list in ``controllers``, so the controller keeps its identity in a key
+file of its own and prints its peer id at start.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,7 +31,7 @@ from opentela._signals import on_stop_signals
 from opentela._types import PROTO_DEMAND, Lifecycle
 from opentela.bench.traces import TRACE_FORMATS, TraceRecord, read_trace
 from opentela.cli._process import run_async
-from opentela.config import OtelaConfig, config_home, load_config
+from opentela.config import OtelaConfig, config_home, data_home, load_config
 from opentela.errors import ConfigError, OpenTelaError, PeerUnreachableError
 from opentela.fabric.identity import Identity
 from opentela.fabric.messages import read_msg, write_msg
@@ -36,6 +39,7 @@ from opentela.node.agent import NodeAgent
 from opentela.registry.record import NodeRecord
 from opentela.scheduler.bprr.spec_file import rtt_table
 from opentela.scheduler.controller import FleetController
+from opentela.scheduler.drift import Measurement, Replan, measure
 from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
 from opentela.scheduler.pipeline_control import BlockAssignment, PipelineController
@@ -59,6 +63,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--trace-format", choices=TRACE_FORMATS, default="auto", help="the trace's format (auto)")
     p.add_argument("--speedup", type=float, default=1.0, help="scale the trace's rates by this (1)")
+    p.add_argument(
+        "--usage-from",
+        metavar="URL",
+        help="a frontend: measure rates and lengths from its usage export, re-plan when they drift",
+    )
+    p.add_argument(
+        "--usage-window",
+        type=float,
+        metavar="S",
+        help="seconds of recent usage each measurement covers (default: catalog, 3600)",
+    )
+    p.add_argument(
+        "--usage-poll", type=float, metavar="S", help="seconds between measurements (default: catalog, 60)"
+    )
+    p.add_argument(
+        "--admin-token-file",
+        metavar="FILE",
+        help="the frontend's admin token (default: $OTELA_FRONTEND_ADMIN_TOKEN, else the local frontend's)",
+    )
     p.add_argument(
         "--interval", type=float, metavar="S", help="seconds between rounds (default: catalog, 30)"
     )
@@ -146,6 +169,77 @@ def observed_by_workload(catalog: FleetCatalog, rates: Mapping[str, float]) -> d
     return {m.config: rates[m.id] for m in catalog.models if m.observe and rates.get(m.id, 0.0) > 0}
 
 
+def admin_token(path: str | None) -> str:
+    """The frontend's admin token: from `path`, else $OTELA_FRONTEND_ADMIN_TOKEN, else a local frontend's file."""
+    if path is None and os.environ.get("OTELA_FRONTEND_ADMIN_TOKEN"):
+        return os.environ["OTELA_FRONTEND_ADMIN_TOKEN"]
+    file = Path(path) if path else data_home() / "admin-token"
+    try:
+        token = file.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(
+            f"--usage-from needs the frontend's admin token: cannot read {file} ({exc.strerror}); "
+            "pass --admin-token-file or set OTELA_FRONTEND_ADMIN_TOKEN"
+        ) from None
+    if not token:
+        raise ConfigError(f"the admin token file {file} is empty")
+    return token
+
+
+class UsageFeed:
+    """A frontend's recent usage, read from its trace export (``GET /admin/usage/export.csv?since=``)."""
+
+    def __init__(self, frontend: str, token: str, window_s: float) -> None:
+        self.url = frontend.rstrip("/").removesuffix("/v1") + "/admin/usage/export.csv"
+        self.token, self.window_s = token, window_s
+
+    def __repr__(self) -> str:
+        return f"<UsageFeed {self.url} window={self.window_s:g}s>"
+
+    async def fetch(self, http: aiohttp.ClientSession, now: float) -> list[TraceRecord]:
+        """The requests of the last `window_s` seconds before `now` (Unix time), through `read_trace`."""
+        params = {"since": repr(now - self.window_s)}
+        headers = {"Authorization": f"Bearer {self.token}"}
+        # Through a file, so that the export is read by the one trace reader every tool uses.
+        with tempfile.TemporaryDirectory(prefix="otela-usage-") as tmp:
+            path = Path(tmp) / "usage.csv"
+            try:
+                async with http.get(self.url, params=params, headers=headers) as resp:
+                    if resp.status != 200:
+                        detail = (await resp.text())[:200]
+                        raise ConfigError(
+                            f"the frontend's usage export {self.url} answered {resp.status}: {detail}"
+                        )
+                    with path.open("wb") as out:
+                        async for chunk in resp.content.iter_chunked(1 << 16):
+                            out.write(chunk)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise ConfigError(f"cannot read the frontend's usage export {self.url}: {exc}") from None
+            return await asyncio.to_thread(read_trace, path, "opentela")
+
+    async def measure(self, http: aiohttp.ClientSession, now: float | None = None) -> dict[str, Measurement]:
+        """Rates and lengths per requested model over the window (see `scheduler.drift.measure`)."""
+        now = time.time() if now is None else now
+        records = await self.fetch(http, now)
+        return measure(records, window_s=self.window_s, now=now)
+
+
+def measured_by_workload(
+    catalog: FleetCatalog, measured: Mapping[str, Measurement]
+) -> dict[str, Measurement]:
+    """Measurements keyed by workload model, for the kept catalog models that observe their traffic.
+
+    A usage row names the model the client requested: the served `id`, else the `config` name, as for traces.
+    """
+    out = {}
+    for m in catalog.kept:
+        found = measured.get(m.id) or measured.get(m.config)
+        if m.observe and found is not None:
+            w = found.workload
+            out[m.config] = Measurement(Workload(m.config, w.rate, w.input, w.output), found.samples)
+    return out
+
+
 def catalog_with_trace(
     catalog: FleetCatalog, records: Sequence[TraceRecord], speedup: float = 1.0
 ) -> FleetCatalog:
@@ -165,9 +259,16 @@ class FleetControllerNode:
     """The controller process: a NodeAgent of role controller driving a FleetController."""
 
     def __init__(
-        self, agent: NodeAgent, catalog: FleetCatalog, interval_s: float | None = None, dry_run: bool = False
+        self,
+        agent: NodeAgent,
+        catalog: FleetCatalog,
+        interval_s: float | None = None,
+        dry_run: bool = False,
+        usage: UsageFeed | None = None,
+        usage_poll_s: float | None = None,
     ) -> None:
-        self.agent, self.catalog, self.dry_run = agent, catalog, dry_run
+        self.agent, self.catalog, self.dry_run, self.usage = agent, catalog, dry_run, usage
+        self.usage_poll_s = catalog.usage_poll_s if usage_poll_s is None else usage_poll_s
         self.controller = FleetController(
             catalog.controller_config(interval_s),
             self.records,
@@ -254,13 +355,56 @@ class FleetControllerNode:
     async def run(
         self, http: aiohttp.ClientSession, ingress: str, *, once: bool, stop: asyncio.Event
     ) -> None:
-        """Rounds until stopped: every interval, or sooner when an idle worker joins."""
-        rates = ObservedRates(ingress)
-        await rates.sample(http)
+        """Rounds until stopped: every interval, or sooner when an idle worker joins or the workload drifts."""
+        # Usage replaces the ingress's counters: the first round already plans with what it measured.
+        rates = None if self.usage else ObservedRates(ingress)
+        if self.usage is not None:
+            await self.poll_usage(http)
+        if self.usage is None or once:
+            await self._rounds(http, ingress, once=once, stop=stop, rates=rates)
+            return
+        async with asyncio.TaskGroup() as tg:
+            poller = tg.create_task(self._poll_forever(http, stop))
+            try:
+                await self._rounds(http, ingress, once=once, stop=stop, rates=None)
+            finally:
+                poller.cancel()
+
+    async def poll_usage(self, http: aiohttp.ClientSession, now: float | None = None) -> Replan | None:
+        """Measure the usage once; on drift, print the re-plan and wake the loop for a round now."""
+        assert self.usage is not None
+        measured = measured_by_workload(self.catalog, await self.usage.measure(http, now))
+        replan = self.controller.observe_usage(measured, time.time() if now is None else now)
+        if replan is not None:
+            print_replan(replan)
+            self.wake.set()
+        return replan
+
+    async def _poll_forever(self, http: aiohttp.ClientSession, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await asyncio.sleep(self.usage_poll_s)
+            try:
+                await self.poll_usage(http)
+            except ConfigError as exc:
+                # The frontend may be restarting: plan with the traffic as it was until it answers again.
+                logger.warning("usage.unavailable", extra={"error": str(exc)})
+
+    async def _rounds(
+        self,
+        http: aiohttp.ClientSession,
+        ingress: str,
+        *,
+        once: bool,
+        stop: asyncio.Event,
+        rates: ObservedRates | None,
+    ) -> None:
+        if rates is not None:
+            await rates.sample(http)
         await self.wait_synced(http, ingress)
         while not stop.is_set():
             self.wake.clear()
-            self.controller.observed_rates = observed_by_workload(self.catalog, await rates.sample(http))
+            if rates is not None:
+                self.controller.observed_rates = observed_by_workload(self.catalog, await rates.sample(http))
             if self.catalog.pipelines:
                 # Split models first: they need several nodes, where whole models scale out onto any.
                 for blocks, answer in await self.pipelines.run_round(await ingress_rtt(http, ingress)):
@@ -313,6 +457,24 @@ def print_blocks_result(a: BlockAssignment, answer: Mapping[str, Any]) -> None:
     print(json.dumps(line), flush=True)
 
 
+def print_replan(replan: Replan) -> None:
+    """One JSON line per re-plan on stdout: the models that drifted and why, and the traffic now planned with."""
+    line = {
+        "event": "replan",
+        "reasons": {m: list(r) for m, r in replan.reasons.items()},
+        "workloads": {
+            m: {
+                "rate": round(x.workload.rate, 4),
+                "input_p50": round(x.workload.input.median, 1),
+                "output_p50": round(x.workload.output.median, 1),
+                "samples": x.samples,
+            }
+            for m, x in replan.adopted.items()
+        },
+    }
+    print(json.dumps(line), flush=True)
+
+
 def print_result(a: ReplicaAssignment, answer: Mapping[str, Any]) -> None:
     """One JSON line per assignment on stdout: what went where, and the node's answer."""
     line = {
@@ -350,6 +512,12 @@ async def run_controller(args: argparse.Namespace) -> int:
     catalog = load_fleet_catalog(args.catalog)
     if args.trace:
         catalog = catalog_with_trace(catalog, read_trace(args.trace, args.trace_format), args.speedup)
+    usage = None
+    if args.usage_from:
+        window = catalog.usage_window_s if args.usage_window is None else args.usage_window
+        if window <= 0 or (args.usage_poll is not None and args.usage_poll <= 0):
+            raise ConfigError("--usage-window and --usage-poll must be positive")
+        usage = UsageFeed(args.usage_from, admin_token(args.admin_token_file), window)
     config = _config(args)
     setup_logging(config.log)
     stop = asyncio.Event()
@@ -357,7 +525,9 @@ async def run_controller(args: argparse.Namespace) -> int:
         bootstrap = tuple(args.bootstrap or ()) or tuple(await ingress_bootstraps(http, args.ingress))
         node = dataclasses.replace(config.node, bootstrap=bootstrap)
         agent = NodeAgent(identity, node, config.fabric, config.registry)
-        controller_node = FleetControllerNode(agent, catalog, args.interval, args.dry_run)
+        controller_node = FleetControllerNode(
+            agent, catalog, args.interval, args.dry_run, usage=usage, usage_poll_s=args.usage_poll
+        )
         restore_signals = on_stop_signals(stop.set)
         try:
             await agent.start()
@@ -374,6 +544,12 @@ async def run_controller(args: argparse.Namespace) -> int:
             if args.trace:
                 rates = ", ".join(f"{m.id} {m.workload.rate:.3g} req/s" for m in catalog.kept)
                 print(f"traffic    {rates} (from {args.trace})", file=sys.stderr)
+            if usage is not None:
+                print(
+                    f"usage      {usage.url}, last {usage.window_s:g} s, every "
+                    f"{controller_node.usage_poll_s:g} s",
+                    file=sys.stderr,
+                )
             print(
                 "nodes accept assignments from this controller once they list its peer id in [node] controllers",
                 file=sys.stderr,

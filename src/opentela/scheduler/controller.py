@@ -12,9 +12,10 @@ from typing import Any
 
 from opentela._types import Lifecycle
 from opentela.errors import OpenTelaError
+from opentela.scheduler.drift import DriftRule, Measurement, Replan, WorkloadTracker
 from opentela.scheduler.fleet import ReplicaAssignment, assign, cluster_of, idle_nodes
 from opentela.scheduler.hardware import HardwareCatalog
-from opentela.scheduler.placement import Problem, check_plan, get_policy
+from opentela.scheduler.placement import Plan, Problem, check_plan, get_policy
 from opentela.scheduler.tables import SimSettings, TableBuilder
 from opentela.scheduler.workload import Workload
 
@@ -49,6 +50,8 @@ class ControllerConfig:
     """With no model pending, place every model again over the idle nodes (more replicas for popular models)."""
     refused_backoff_s: float = 300.0
     """How long a node that refused as `not_authorised` is left out of the plans."""
+    drift: DriftRule = field(default_factory=DriftRule)
+    """When traffic measured from usage replaces the traffic the plan was made with (`observe_usage`)."""
 
 
 def assignment_message(
@@ -86,6 +89,10 @@ class FleetController:
         self.assigned: list[tuple[str, str]] = []  # (peer id, model) of every accepted assignment
         self.observed_rates: dict[str, float] = {}
         """Workload model -> requests per second seen at the ingress; replaces the configured rate."""
+        self.tracker = WorkloadTracker(config.workloads, config.drift)
+        """The traffic the plans are made with, and when measured usage drifted far enough to change it."""
+        self.last_plan: Plan | None = None
+        """The plan of the latest round that made one."""
 
     def __repr__(self) -> str:
         return f"<FleetController rounds={self.rounds} in_flight={len(self._in_flight)}>"
@@ -114,11 +121,27 @@ class FleetController:
         ]
 
     def workloads(self) -> list[Workload]:
-        """This round's workloads: the configured ones, at the observed rate where one is known."""
-        return [
-            replace(w, rate=self.observed_rates[w.model]) if w.model in self.observed_rates else w
-            for w in self.config.workloads
-        ]
+        """This round's workloads: measured ones adopted from usage, else the configured ones at the rate
+        observed at the ingress where one is known."""
+        return [self._traffic(w) for w in self.config.workloads]
+
+    def _traffic(self, w: Workload) -> Workload:
+        if w.model in self.tracker.adopted:
+            return self.tracker.adopted[w.model]
+        if w.model in self.observed_rates:
+            return replace(w, rate=self.observed_rates[w.model])
+        return w
+
+    def observe_usage(self, measured: Mapping[str, Measurement], now: float) -> Replan | None:
+        """Take traffic measured from usage (by workload model); a Replan when it drifted from the plan's.
+
+        The next round plans with the adopted traffic; what it assigns goes out as every round's does.
+        """
+        replan = self.tracker.observe(measured, now)
+        if replan is not None:
+            for model, reasons in replan.reasons.items():
+                logger.info("workload.drift", extra={"model": model, "reasons": "; ".join(reasons)})
+        return replan
 
     def decide(
         self, now: float | None = None, records: Sequence[Any] | None = None
@@ -189,6 +212,14 @@ class FleetController:
                 "placement.invalid", extra={"policy": self.config.policy, "errors": "; ".join(violations)}
             )
             return None
+        self.last_plan = plan
+        logger.info(
+            "placement.planned",
+            extra={
+                "policy": plan.policy,
+                "groups": ", ".join(f"{g.model} {g.dp}x TP{g.tp} {g.device}" for g in plan.groups),
+            },
+        )
         assignments, missing = assign(plan, nodes, one_per_node=True)
         if missing:
             logger.warning("placement.unplaced", extra={"replicas": len(missing)})

@@ -12,6 +12,7 @@ import yaml
 from opentela.engines.profile import PerformanceProfile
 from opentela.errors import ConfigError
 from opentela.scheduler.controller import ControllerConfig
+from opentela.scheduler.drift import DriftRule
 from opentela.scheduler.hardware import HardwareCatalog, load_catalog
 from opentela.scheduler.models import BYTES_PER_ELEMENT, load_model
 from opentela.scheduler.pipeline_control import PipelineModel, pipeline_model_from_gguf
@@ -32,6 +33,12 @@ _PLANNING_KEYS = {
     "sim_duration_s",
     "scale_out",
     "hardware",
+    "usage_window_s",
+    "usage_poll_s",
+    "drift_rate",
+    "drift_length",
+    "drift_min_samples",
+    "drift_cooldown_s",
 }
 
 
@@ -66,6 +73,11 @@ class FleetCatalog:
     sim_duration_s: float = 10.0
     scale_out: bool = True
     hardware: HardwareCatalog | None = field(default=None, repr=False)
+    usage_window_s: float = 3600.0
+    """With a usage feed: seconds of recent requests each measurement covers."""
+    usage_poll_s: float = 60.0
+    """With a usage feed: seconds between two measurements."""
+    drift: DriftRule = field(default_factory=DriftRule)
 
     @property
     def kept(self) -> list[CatalogModel]:
@@ -95,6 +107,7 @@ class FleetCatalog:
             served_as={m.config: m.id for m in self.models},
             launch={m.config: m.launch for m in self.models},
             scale_out=self.scale_out,
+            drift=self.drift,
         )
 
 
@@ -296,6 +309,15 @@ def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = 
             hardware = load_catalog(path)
         except OSError as exc:
             raise ConfigError(f"{p}: cannot read hardware file {path}: {exc}") from None
+    cooldown = _number(planning, "drift_cooldown_s", p, 600.0, positive=False)
+    if cooldown < 0:
+        raise ConfigError(f"{p}: drift_cooldown_s must be >= 0, got {cooldown!r}")
+    drift = DriftRule(
+        rate=_number(planning, "drift_rate", p, 0.3),
+        length=_number(planning, "drift_length", p, 0.5),
+        min_samples=int(_number(planning, "drift_min_samples", p, 30)),
+        cooldown_s=cooldown,
+    )
     ids = [m.id for m in models] + [p.id for p in pipelines]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{where}: two models share an id")
@@ -310,6 +332,9 @@ def parse_fleet_catalog(raw: Any, where: str = "<catalog>", base: Path | None = 
         sim_duration_s=_number(planning, "sim_duration_s", p, 10.0),
         scale_out=bool(planning.get("scale_out", True)),
         hardware=hardware,
+        usage_window_s=_number(planning, "usage_window_s", p, 3600.0),
+        usage_poll_s=_number(planning, "usage_poll_s", p, 60.0),
+        drift=drift,
     )
 
 
