@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opentela.errors import ConfigError
+from opentela.gateway.timeout_classes import TimeoutClasses
 
 
 @dataclass(frozen=True)
@@ -21,7 +22,7 @@ class GatewayConfig:
         default="random",
         metadata={
             "help": "Routing policy: `random`, `round_robin`, `weighted`, `least_loaded`, "
-            "`least_loaded_tokens`, `slo_headroom`, or an operator's `module:Class`."
+            "`least_loaded_tokens`, `slo_headroom`, `prefix_affinity`, or an operator's `module:Class`."
         },
     )
     request_policies: tuple[str, ...] = field(
@@ -95,6 +96,43 @@ class GatewayConfig:
         metadata={
             "help": "Other replicas tried after a transport failure or an engine 5xx, before the client "
             "has seen a byte."
+        },
+    )
+    timeout_classes: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`NAME: KEY=VALUE ...` entries defining or changing a timeout class; keys are "
+            "`first_byte_timeout`, `idle_timeout`, `total_timeout` and `max_retries`, unnamed ones keep the "
+            "built-in class's values, else the default class's (the four settings above). Built in: "
+            "`reasoning` (1800 s to first byte, 300 s idle, 5400 s in all, 1 retry; docs/gateway.md)."
+        },
+    )
+    model_classes: tuple[str, ...] = field(
+        default=("*R1*=reasoning", "*Thinking*=reasoning", "*QwQ*=reasoning"),
+        metadata={
+            "help": "`PATTERN=CLASS` entries: models whose id matches the glob (case-insensitive; the first "
+            "match wins) get that timeout class. Others get `reasoning` when a replica advertises the setting "
+            "`reasoning = true`, else `default`."
+        },
+    )
+    prefix_affinity_slack: int = field(
+        default=4,
+        metadata={
+            "help": "`prefix_affinity`: requests in flight the replica holding a conversation's prefix may "
+            "have beyond the least loaded replica before the conversation moves to that one."
+        },
+    )
+    prefix_affinity_ttl: float = field(
+        default=600.0,
+        metadata={
+            "help": "`prefix_affinity`: seconds a prefix stays tied to the replica that last served it "
+            "(engines evict cached prefixes; a later turn is placed afresh)."
+        },
+    )
+    prefix_affinity_entries: int = field(
+        default=65536,
+        metadata={
+            "help": "`prefix_affinity`: prefixes remembered at most; those tied longest ago go first."
         },
     )
     cooldown_failures: int = field(
@@ -179,6 +217,15 @@ class GatewayConfig:
         if self.max_output_tokens < 1:
             raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")
         self.output_caps()
+        TimeoutClasses.from_config(self)
+        if (
+            self.prefix_affinity_slack < 0
+            or not self.prefix_affinity_ttl > 0
+            or self.prefix_affinity_entries < 1
+        ):
+            raise ConfigError(
+                "prefix_affinity_slack must be >= 0, prefix_affinity_ttl positive and prefix_affinity_entries >= 1"
+            )
 
     def split_files(self) -> dict[str, str]:
         """`split_model_files` as a mapping of model to GGUF path; a ConfigError names a bad entry."""

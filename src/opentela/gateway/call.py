@@ -14,8 +14,10 @@ from opentela.fabric.http_tunnel import TunnelResponseHead
 from opentela.gateway.metrics import NO_NODE
 from opentela.gateway.output_cap import requested_output
 from opentela.gateway.policies import RoutedRequest
+from opentela.gateway.prompt_prefix import PromptPrefix, prompt_prefix
 from opentela.gateway.resume import StreamSplice
 from opentela.gateway.routing import OTELA_METADATA_KEYS, RequestRouting
+from opentela.gateway.timeout_classes import TimeoutClass
 from opentela.registry.record import NodeRecord
 
 if TYPE_CHECKING:
@@ -36,10 +38,14 @@ class ParsedBody:
     """The output bound the body sets (`max_completion_tokens` or `max_tokens`) and its value."""
     input_tokens: int = 0
     """Estimated prompt tokens (part of `tokens`)."""
+    prefix: PromptPrefix | None = None
+    """The prompt's prefix digests, when asked for."""
 
 
-def parse_body(raw: bytes) -> ParsedBody:
-    """Apply the edge's rules to the body; routing options in `metadata` are taken out before it goes on."""
+def parse_body(raw: bytes, *, prefix: bool = False) -> ParsedBody:
+    """Apply the edge's rules to the body; routing options in `metadata` are taken out before it goes on.
+
+    With `prefix`, also digest the prompt's prefixes (for `prefix_affinity`; other policies skip the cost)."""
     payload = edge.parse_body(raw)
     model, stream = edge.model_and_stream(payload)
     ours = None
@@ -55,7 +61,14 @@ def parse_body(raw: bytes) -> ParsedBody:
         raw = json.dumps(payload).encode()
     prompt = edge.estimate_input_tokens(payload)
     return ParsedBody(
-        model, stream, ours, prompt + edge.output_allowance(payload), raw, requested_output(payload), prompt
+        model,
+        stream,
+        ours,
+        prompt + edge.output_allowance(payload),
+        raw,
+        requested_output(payload),
+        prompt,
+        prompt_prefix(payload) if prefix else None,
     )
 
 
@@ -97,6 +110,8 @@ class Call:
     arrived: float
     parsed_at: float
     routed_at: float
+    limits: TimeoutClass
+    """The timeouts and retry budget of the model's class."""
     deadline: float = 0.0
     """The loop time by which the whole answer must be out (set when dispatched)."""
     tried: set[str] = field(default_factory=set)

@@ -36,6 +36,7 @@ from opentela.gateway.metrics import NO_NODE, GatewayMetrics
 from opentela.gateway.output_cap import OutputCap
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
 from opentela.gateway.routing import Router, prefer_serving
+from opentela.gateway.timeout_classes import TimeoutClass, TimeoutClasses
 from opentela.registry.record import NodeRecord
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class Forwarder:
         self.config = config
         self.router = router
         self.output_cap = OutputCap(config.max_output_tokens, config.output_caps())
+        self.timeouts = TimeoutClasses.from_config(config)
         self._open_stream = open_stream
         self._report = report
         self.metrics = metrics
@@ -96,7 +98,7 @@ class Forwarder:
         self, request_id: str, path: str, raw: bytes, headers: Mapping[str, str], arrived: float
     ) -> Call:
         """Parse the body and check that some replica may serve it; raises the client's error if none may."""
-        body = parse_body(raw)
+        body = parse_body(raw, prefix=self.router.uses_prefix)
         routing = self.router.routing_for(headers, body.metadata)
         parsed_at = time.perf_counter()
         pool = self.router.eligible(body.model, routing)
@@ -125,8 +127,10 @@ class Forwarder:
             len(body.raw),
             tokens=body.tokens,
             input_tokens=body.input_tokens,
+            prefix=body.prefix,
         )
-        call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at)
+        limits = self.timeouts.for_model(body.model, pool)
+        call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at, limits)
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)
         return call
@@ -134,7 +138,8 @@ class Forwarder:
     async def dispatch(self, call: Call) -> bytes:
         """The whole answer, or for an event stream its first chunk; retried elsewhere until the client has a
         byte. Afterwards `call.attempt` is the attempt that answered."""
-        call.deadline = asyncio.get_running_loop().time() + self.config.total_timeout
+        limits = call.limits
+        call.deadline = asyncio.get_running_loop().time() + limits.total_timeout
 
         def candidates() -> Sequence[NodeRecord]:
             return self.router.eligible(call.model, call.routing)
@@ -143,22 +148,28 @@ class Forwarder:
             async with asyncio.timeout_at(call.deadline):
                 while True:
                     attempt = call.attempt = await self.open(
-                        candidates, call.payload, call.routed, call.routing.policy, tried=call.tried
+                        candidates,
+                        call.payload,
+                        call.routed,
+                        call.routing.policy,
+                        tried=call.tried,
+                        limits=limits,
                     )
                     try:
                         if attempt.event_stream:
-                            return await self._first_chunk(attempt)
+                            return await self._first_chunk(attempt, limits)
                         content = await self._read_all(attempt)
                         break
                     except OpenTelaError as exc:
                         err = _mid_stream_error(exc)
                         self._end(attempt, call.routed, ok=False, err=err, reset="retrying elsewhere")
-                        if err.retryable and self.can_retry(candidates, call.tried):
+                        if err.retryable and self.can_retry(candidates, call.tried, limits):
                             continue
                         raise err from exc
         except TimeoutError:
             raise UpstreamTimeout(
-                f"request {call.request_id} ran past the {self.config.total_timeout:g} s deadline"
+                f"request {call.request_id} ran past the {limits.total_timeout:g} s deadline "
+                f"(timeout class {limits.name})"
             ) from None
         assert attempt.head is not None
         if attempt.head.status < 500:
@@ -215,7 +226,7 @@ class Forwarder:
         assert attempt.stream is not None
         stream, splice = attempt.stream, call.splice
         loop = asyncio.get_running_loop()
-        deadline, idle = call.deadline, self.config.idle_timeout
+        deadline, idle = call.deadline, call.limits.idle_timeout
         try:
             while chunk:
                 out = splice.feed(chunk) if splice is not None else chunk
@@ -247,7 +258,7 @@ class Forwarder:
             return self.router.eligible(call.model, call.routing)
 
         original = json.loads(call.body.raw)
-        while splice.can_resume and self.can_retry(candidates, call.tried):
+        while splice.can_resume and self.can_retry(candidates, call.tried, call.limits):
             body = splice.continuation(original)
             if body is None:
                 return None
@@ -265,7 +276,12 @@ class Forwarder:
             try:
                 async with asyncio.timeout_at(call.deadline):
                     attempt = call.attempt = await self.open(
-                        candidates, payload, call.routed, call.routing.policy, tried=call.tried
+                        candidates,
+                        payload,
+                        call.routed,
+                        call.routing.policy,
+                        tried=call.tried,
+                        limits=call.limits,
                     )
                     assert attempt.head is not None
                     if attempt.head.status != 200 or not attempt.event_stream:
@@ -279,7 +295,7 @@ class Forwarder:
                         )
                         return None
                     try:
-                        first = await self._first_chunk(attempt)
+                        first = await self._first_chunk(attempt, call.limits)
                     except OpenTelaError as exc:
                         failure = _mid_stream_error(exc)
                         self._end(attempt, call.routed, ok=False, err=failure, reset="retrying elsewhere")
@@ -326,9 +342,15 @@ class Forwarder:
         self.metrics.latency.labels(model, node).observe(time.perf_counter() - call.arrived)
 
     # --- attempts -------------------------------------------------------------------------------------------
-    def can_retry(self, candidates: Callable[[], Sequence[NodeRecord]], tried: set[str]) -> bool:
-        """Whether another attempt is allowed and some replica not yet tried is there to take it."""
-        if len(tried) >= 1 + self.config.max_retries:
+    def can_retry(
+        self,
+        candidates: Callable[[], Sequence[NodeRecord]],
+        tried: set[str],
+        limits: TimeoutClass | None = None,
+    ) -> bool:
+        """Whether another attempt is allowed (by `limits`, else the default class) and some replica not yet
+        tried is there to take it."""
+        if len(tried) >= 1 + (limits or self.timeouts.default).max_retries:
             return False
         return any(c.session_id not in tried for c in candidates())
 
@@ -340,6 +362,7 @@ class Forwarder:
         policy: RoutingPolicy,
         *,
         tried: set[str],
+        limits: TimeoutClass | None = None,
     ) -> Attempt:
         """Return the first attempt whose replica answers with a usable response head.
 
@@ -348,10 +371,12 @@ class Forwarder:
         the same way while another replica is left; the last one goes to the client as it is. `candidates`
         is called again before each attempt so a replica that went DOWN meanwhile is not picked; `tried`
         holds the sessions already used for this request and grows with each attempt. A replica reconfiguring
-        is picked only when no replica left to try serves (`prefer_serving`).
+        is picked only when no replica left to try serves (`prefer_serving`). `limits` gives the first-byte
+        timeout and the retry budget (default: the default class).
         """
+        limits = limits or self.timeouts.default
         last_error: OpenTelaError | None = None
-        while len(tried) < 1 + self.config.max_retries:
+        while len(tried) < 1 + limits.max_retries:
             pool = prefer_serving([c for c in candidates() if c.session_id not in tried], routed.model)
             if not pool:
                 break
@@ -370,13 +395,13 @@ class Forwarder:
             tried.add(target.session_id)
             attempt = self._begin(target, routed, len(tried))
             try:
-                err = await self._request_head(attempt, payload)
+                err = await self._request_head(attempt, payload, limits)
             except BaseException:
                 self._end(attempt, routed, ok=False, reset="request abandoned")
                 raise
             if err is None:
                 assert attempt.head is not None
-                if not self._replica_failed(attempt.head) or not self.can_retry(candidates, tried):
+                if not self._replica_failed(attempt.head) or not self.can_retry(candidates, tried, limits):
                     return attempt  # a usable answer, or nobody else to ask: the client gets this one
                 # The node answered but its engine could not: try another replica.
                 if attempt.head.error_code:
@@ -399,7 +424,9 @@ class Forwarder:
         self.metrics.in_flight.labels(routed.model, target.peer_id).inc()
         return Attempt(target, number, time.perf_counter())
 
-    async def _request_head(self, attempt: Attempt, payload: bytes) -> OpenTelaError | None:
+    async def _request_head(
+        self, attempt: Attempt, payload: bytes, limits: TimeoutClass
+    ) -> OpenTelaError | None:
         """Send the request and read the answer's head into `attempt`; the failure, if the replica failed."""
         target = attempt.target
         try:
@@ -407,10 +434,13 @@ class Forwarder:
             attempt.opened_at = time.perf_counter()
             await attempt.stream.write(payload)
             await attempt.stream.write_eof()
-            async with asyncio.timeout(self.config.first_byte_timeout):
+            async with asyncio.timeout(limits.first_byte_timeout):
                 attempt.head = await read_response_head(attempt.stream)
         except TimeoutError:
-            return UpstreamTimeout(f"replica {target.session_id[:8]} sent no response head")
+            return UpstreamTimeout(
+                f"replica {target.session_id[:8]} sent no response head within "
+                f"{limits.first_byte_timeout:g} s (timeout class {limits.name})"
+            )
         except asyncio.IncompleteReadError:
             return error_from_code("engine_crashed", "serving node closed the stream before answering")
         except OpenTelaError as exc:
@@ -465,14 +495,17 @@ class Forwarder:
         if self._report is not None:
             self._report(target, err)
 
-    async def _first_chunk(self, attempt: Attempt) -> bytes:
+    async def _first_chunk(self, attempt: Attempt, limits: TimeoutClass) -> bytes:
         """The first bytes of an event stream: until they exist the request can still move elsewhere."""
         assert attempt.stream is not None
         try:
-            async with asyncio.timeout(self.config.first_byte_timeout):
+            async with asyncio.timeout(limits.first_byte_timeout):
                 return await attempt.stream.read()
         except TimeoutError:
-            raise UpstreamTimeout(f"replica {attempt.target.session_id[:8]} sent no first event") from None
+            raise UpstreamTimeout(
+                f"replica {attempt.target.session_id[:8]} sent no first event within "
+                f"{limits.first_byte_timeout:g} s (timeout class {limits.name})"
+            ) from None
         except asyncio.IncompleteReadError:
             raise error_from_code(
                 "engine_crashed", "serving node closed the stream before answering"

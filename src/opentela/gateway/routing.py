@@ -91,6 +91,8 @@ class Router:
         for name in config.request_policies:
             self.policies.setdefault(name.lower(), create_policy(name, config))
         self._hooks = tuple(self.policies.values())
+        self.uses_prefix = any(getattr(p, "uses_prefix", False) for p in self._hooks)
+        """Whether requests need their prompt's prefix digests: only while a policy reads them."""
         self._default_routing = RequestRouting(
             frozenset(config.trusted_providers) or None, (), self.default_policy, config.policy.lower()
         )

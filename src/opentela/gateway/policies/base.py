@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from opentela.gateway.prompt_prefix import PromptPrefix
 from opentela.plugins import Registry
 from opentela.registry.record import NodeRecord
 
@@ -23,6 +24,8 @@ class RoutedRequest:
     """Estimated prompt plus output tokens: what the request will cost the replica that serves it."""
     input_tokens: int = 0
     """Estimated prompt tokens (part of `tokens`)."""
+    prefix: PromptPrefix | None = None
+    """The prompt's prefix digests, when a loaded policy asked for them (`uses_prefix`)."""
 
 
 class RoutingPolicy(Protocol):
@@ -47,6 +50,7 @@ POLICIES: Registry[type[RoutingPolicy]] = Registry(
         "opentela.gateway.policies.weighted_policy",
         "opentela.gateway.policies.least_loaded_policy",
         "opentela.gateway.policies.slo_headroom_policy",
+        "opentela.gateway.policies.prefix_affinity_policy",
     ),
     entry_point_group="opentela.routing_policies",
 )

@@ -137,6 +137,12 @@ async def dnt_stats(request: web.Request) -> web.Response:
         "request_policies": sorted(gw.router.policies),
         "cooldowns": gw.router.health.cooldowns,
         "cooling": gw.router.health.cooling(),
+        # Policies that keep counters (prefix_affinity's hits, moves and misses) show them here.
+        "policy_stats": {
+            name: counters()
+            for name, policy in gw.router.policies.items()
+            if callable(counters := getattr(policy, "stats", None))
+        },
     }
     if gw.split.any_served():
         stats["split_models"] = gw.split.stats()
