@@ -35,6 +35,10 @@ logger = logging.getLogger(__name__)
 _ALLOWED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
 
 
+ENGINE_KEEPALIVE_S = 4.0
+"""How long an idle connection to the engine is kept for the next request."""
+
+
 class LocalEngineProxy:
     """Forwards requests to the engine on this node over a keep-alive HTTP pool."""
 
@@ -72,8 +76,11 @@ class LocalEngineProxy:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # Loopback only, so no DNS cache games; a generous pool because streams may be long-lived.
-            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=30)
+            # Loopback only, so no DNS cache games; a generous pool because streams may be long-lived. Idle
+            # connections are dropped before the engine's own keep-alive ends (5 s for llama.cpp's server and for
+            # uvicorn, which vLLM and SGLang run): a request written into a connection the engine is closing fails
+            # as "server disconnected" and costs a retry. A new loopback connection costs well under a millisecond.
+            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=ENGINE_KEEPALIVE_S)
             self._session = aiohttp.ClientSession(
                 connector=connector, timeout=self._timeout, auto_decompress=False
             )
