@@ -1,4 +1,5 @@
-"""The dashboard in headless Chromium (Debian's, driven by Playwright): catalog, node map, keys, playground.
+"""The dashboard in headless Chromium (Debian's, driven by Playwright): catalog, node map, keys, playground, usage
+and the workload.
 
 Set OTELA_UPDATE_SCREENSHOTS=1 to refresh docs/screenshots/ from this run.
 """
@@ -7,13 +8,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
-from frontend_helpers import ADMIN_TOKEN, start_frontend
+from frontend_helpers import ADMIN_TOKEN, seed_usage, start_frontend, workload_rows
 from frontend_services import CHROMIUM_FLAGS
 from sqlalchemy import select
 
@@ -190,4 +192,52 @@ async def test_api_reference_renders_offline(site: Frontend, browser, shots: Pat
     await page.locator(".swagger-ui .opblock-summary-path", has_text="/v1/chat/completions").first.wait_for()
     assert failed == []  # every asset came from the frontend itself
     await _snap(page, shots, "laptop-docs")
+    await page.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def seeded_workload(site: Frontend) -> None:
+    """The usage rows of tests/frontend/test_workload.py, whose statistics are known."""
+    await seed_usage(site.state.db, workload_rows(time.time()))
+
+
+@pytest.mark.parametrize(("device", "viewport"), [("laptop", LAPTOP), ("phone", PHONE)])
+async def test_workload_tab_draws_the_trace_analysis_of_the_window(
+    site: Frontend, seeded_workload: None, browser, shots: Path, device: str, viewport: dict
+) -> None:
+    page = await browser.new_page(viewport=viewport)
+    await page.add_init_script(
+        "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+        "(e) => window.__csp.push(`${e.violatedDirective} ${e.blockedURI}`));"
+    )
+    await page.goto(site.url + "/#workload")
+    # Every key's traffic: the tab asks for the admin token first.
+    await page.locator("#workload-stats .needs-admin").wait_for()
+    await page.click("#tab-keys")
+    await page.fill("#admin-token", ADMIN_TOKEN)
+    await page.click("#admin-save")
+    await page.locator("#create-key-form").wait_for()
+    await page.click("#tab-workload")
+    await page.locator('#wl-ranking .bar-row[data-label="beta-model"]').wait_for()
+    assert await page.get_attribute("#view-workload", "data-window") == "day"
+    bars = await page.locator("#wl-ranking .bar-row").evaluate_all("rows => rows.map(r => r.dataset.label)")
+    assert bars.index("beta-model") < bars.index("alpha-model")  # 6,000 tokens before 2,000
+    burst = page.locator('#wl-burst .bar-row[data-label="alpha-model"] .bar-value')
+    assert (await burst.text_content() or "").strip() == "5.5\u00d7"
+    reuse = page.locator('#wl-reuse .bar-row[data-label="alpha-model"] .bar-value')
+    assert (await reuse.text_content() or "").strip() == "51%"  # 19 x 32 of 20 x 60 prompt tokens
+    for chart in ("#wl-tpm", "#wl-input-cdf", "#wl-output-cdf", "#wl-ratio"):
+        assert await page.locator(f"{chart} polyline").count() >= 1, chart
+    reasoning = await page.locator('#wl-latency tr[data-kind="reasoning"]').inner_text()
+    assert "10.00 s" in reasoning and "200" in reasoning
+    assert "alpha-model" in await page.locator("#wl-lengths").inner_text()
+    if device == "phone":
+        assert await page.evaluate("document.scrollingElement.scrollWidth <= window.innerWidth")
+    await _snap(page, shots, f"{device}-workload")
+    # The last hour has only alpha-model's requests.
+    await page.select_option("#workload-window", "hour")
+    await page.wait_for_function("() => document.querySelector('#view-workload').dataset.window === 'hour'")
+    assert await page.locator('#wl-ranking .bar-row[data-label="beta-model"]').count() == 0
+    assert await page.locator('#wl-ranking .bar-row[data-label="alpha-model"]').count() == 1
+    assert await page.evaluate("window.__csp") == []
     await page.close()

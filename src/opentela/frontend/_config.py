@@ -95,3 +95,19 @@ class FrontendConfig:
             "connecting to the first request)."
         },
     )
+    prefix_hashes: str = field(
+        default="auto",
+        metadata={
+            "help": "How the trace's prefix hashes cut a prompt into blocks: `auto` (16 tokens each, with the "
+            "model's own tokenizer where the frontend has one, SmolLM2's from its GGUF; 64-byte chunks of the "
+            "rendered prompt for other models), `bytes` (64-byte chunks for every model) or `off` (none)."
+        },
+    )
+    trace_salt: str = field(
+        default="",
+        metadata={
+            "help": "Secret key of the trace's prefix hashes: prompts hash alike only under the same salt, and "
+            "without it a hash cannot be tested against a guessed prompt. Empty: generated once and kept in the "
+            "database, so every replica on it hashes alike."
+        },
+    )

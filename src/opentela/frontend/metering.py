@@ -27,6 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 from opentela.errors import OpenTelaError
 from opentela.frontend.ingress import Ingress, UpstreamResponse
 from opentela.frontend.token_counts import (
+    ReasoningSeen,
     SseEvents,
     TokenCount,
     chunk_text,
@@ -189,6 +190,10 @@ async def _whole(resp: UpstreamResponse, ledger: UsageLedger, admission: Admissi
         payload = None
     count = _count_whole(payload, admission)
     ok = resp.status < 400
+    if ok:
+        seen = ReasoningSeen()
+        seen.feed(payload)
+        admission.reasoning = seen.value
     error = None
     if not ok and isinstance(payload, dict) and isinstance(payload.get("error"), dict):
         error = str(payload["error"].get("message", ""))[:1000]
@@ -236,6 +241,7 @@ async def _relay(
     """Pass SSE events through one by one; complete the usage row before the [DONE] event is sent."""
     _, provider, node = _meta(resp)
     events = SseEvents()
+    reasoning = ReasoningSeen()
     reported: tuple[int, int] | None = None
     content_chunks = 0
     ttft_ms: float | None = None
@@ -258,11 +264,13 @@ async def _relay(
             for event in events.feed(chunk):
                 data = event_data(event)
                 if data == "[DONE]":
+                    admission.reasoning = reasoning.value
                     await _finish(ledger, admission, outcome("error" if error else "ok"))
                     finished = True
                     yield event
                     continue
                 if isinstance(data, dict):
+                    reasoning.feed(data)
                     if isinstance(data.get("error"), dict):
                         error = str(data["error"].get("message", "stream error"))[:1000]
                     usage = usage_from(data)

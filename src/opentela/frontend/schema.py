@@ -1,8 +1,20 @@
-"""The frontend's tables: API keys (hashes only), one usage row per request, per-key budget and rate counters."""
+"""The frontend's tables: API keys (hashes only), one usage row per request, per-key budget and rate counters,
+and the frontend's own settings."""
 
 from __future__ import annotations
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -42,6 +54,7 @@ class UsageRow(Base):
         Index("ix_usage_key_started", "key_id", "started_at"),
         Index("ix_usage_status_instance", "status", "instance"),
         Index("ix_usage_day", "day"),
+        Index("ix_usage_status_started", "status", "started_at"),
     )
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
@@ -65,6 +78,11 @@ class UsageRow(Base):
     ttft_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     sampling: Mapped[dict | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    prefix_hashes: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    """The hashes of the prompt's blocks (frontend/prefix_hashes.py), 8 bytes each back to back, written after the
+    response; null for keys that opted out of the trace, for embeddings and where nothing was hashed."""
+    reasoning: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    """Whether the answer reasoned before it answered (reasoning text, or a leading <think>); null: unknown."""
 
 
 class UsageCounter(Base):
@@ -98,6 +116,15 @@ class UsageRate(Base):
     second: Mapped[int] = mapped_column(BigInteger)
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class FrontendSetting(Base):
+    """A value the frontend keeps for itself, shared by every replica on the database (the trace's salt)."""
+
+    __tablename__ = "frontend_settings"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
 
 
 USAGE_STATUSES = ("pending", "ok", "error", "cancelled", "interrupted")

@@ -26,6 +26,7 @@ from opentela.frontend.ingress_inprocess import InProcessIngress
 from opentela.frontend.keys import KeyStore
 from opentela.frontend.local_admission import AdmissionLock, admission_lock_path
 from opentela.frontend.state import FrontendState
+from opentela.frontend.trace_recorder import TraceRecorder, trace_salt
 from opentela.frontend.usage import UsageLedger
 from opentela.gateway.state import GatewayState
 
@@ -162,6 +163,9 @@ class Frontend:
             in_memory, lock = _admission_mode(config.admission, db)
             ledger = UsageLedger(db, instance, in_memory=in_memory, forward_early=config.forward_early)
             await ledger.reconcile(config.stale_pending_after)
+            trace = TraceRecorder(
+                ledger.writer, await trace_salt(db, config.trace_salt), config.prefix_hashes
+            )
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -176,7 +180,7 @@ class Frontend:
         http = IngressClient(config.ingress, request_timeout=config.request_timeout)
         ingress: Ingress = http if gateway is None else InProcessIngress(gateway, http)
         keys = KeyStore(db, cache_seconds=config.key_cache_seconds)
-        frontend = cls(FrontendState(config, db, keys, ledger, ingress, admin_token))
+        frontend = cls(FrontendState(config, db, keys, ledger, ingress, admin_token, trace))
         frontend._lock = lock
         return frontend
 
@@ -224,6 +228,7 @@ class Frontend:
             self._server = self._task = None
         await self.state.ingress.aclose()
         try:
+            await self.state.trace.aclose()
             await self.state.ledger.aclose()
         finally:
             await self.state.db.aclose()

@@ -1,4 +1,5 @@
-"""What every route of the frontend shares: configuration, database, key store, ledger and ingress client."""
+"""What every route of the frontend shares: configuration, database, key store, ledger, trace recorder and ingress
+client."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from opentela.frontend._config import FrontendConfig
 from opentela.frontend.db import Database
 from opentela.frontend.ingress import Ingress
 from opentela.frontend.keys import KeyStore
+from opentela.frontend.trace_recorder import TraceRecorder
 from opentela.frontend.usage import UsageLedger
 
 
@@ -23,6 +25,7 @@ class FrontendState:
     ledger: UsageLedger
     ingress: Ingress
     admin_token: str
+    trace: TraceRecorder
 
 
 def state_of(request: Request) -> FrontendState:

@@ -64,6 +64,41 @@ def chunk_text(payload: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+THINK_TAG = "<think>"
+"""How reasoning models served without a reasoning parser open their reasoning, in the answer text itself."""
+
+
+class ReasoningSeen:
+    """Whether an answer reasoned, read from its stream chunks in order or from the whole answer.
+
+    True once a choice carries reasoning text (`reasoning_content`, or `reasoning` as some engines name it) or its
+    first non-blank text opens with <think>; False when text came without either; None while nothing told.
+    """
+
+    def __init__(self) -> None:
+        self.value: bool | None = None
+        self._text_seen = False
+
+    def feed(self, payload: Any) -> None:
+        """Take one stream chunk or a whole answer into account."""
+        if not isinstance(payload, dict):
+            return
+        for choice in payload.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            part = choice.get("delta") if isinstance(choice.get("delta"), dict) else choice.get("message")
+            if isinstance(part, dict):
+                if part.get("reasoning_content") or part.get("reasoning"):
+                    self.value = True
+                text = part.get("content")
+            else:
+                text = choice.get("text")
+            if isinstance(text, str) and text.strip() and not self._text_seen:
+                self._text_seen = True
+                if self.value is None:
+                    self.value = text.lstrip().startswith(THINK_TAG)
+
+
 class SseEvents:
     """Splits a byte stream of server-sent events into whole events (the bytes of each, blank line included)."""
 

@@ -35,6 +35,7 @@ from opentela.frontend.group_commit import (
 from opentela.frontend.limits import Consumption, Limits, check, period_start, refusal_error
 from opentela.frontend.local_admission import KeyUsage, LocalAdmission, WindowEntry
 from opentela.frontend.pg_calls import ADMIT_CALL
+from opentela.frontend.prefix_hashes import unpack
 from opentela.frontend.schema import ApiKey, UsageRow
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class Admission:
     """The request's place in the in-memory rate window (in-memory admission only)."""
     changing: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Held from computing a change's counter delta until it committed: each delta is relative to the last."""
+    reasoning: bool | None = None
+    """Whether the answer reasoned, once it was read (token_counts.ReasoningSeen); None: unknown."""
 
     def counter_key(self) -> tuple[str, str, float] | None:
         """(key id, period, start) of the budget counter, if the request is counted in one."""
@@ -499,6 +502,8 @@ class UsageLedger:
                 UsageRow.sampling,
                 UsageRow.latency_ms,
                 UsageRow.ttft_ms,
+                UsageRow.reasoning,
+                UsageRow.prefix_hashes,
             )
             .join(ApiKey, ApiKey.id == UsageRow.key_id)
             .where(UsageRow.status == "ok", ApiKey.log_content.is_(True))
@@ -513,7 +518,7 @@ class UsageLedger:
         writer.writerow(TRACE_COLUMNS)
         async with self.db.session() as s:
             result = await s.stream(q.execution_options(yield_per=500))
-            async for started, model, inp, outp, sampling, latency_ms, ttft_ms in result:
+            async for started, model, inp, outp, sampling, latency_ms, ttft_ms, reasoning, hashes in result:
                 try:
                     record = TraceRecord(
                         timestamp=started,
@@ -523,8 +528,8 @@ class UsageLedger:
                         **sampling_values(sampling or {}),
                         e2e_s=None if latency_ms is None else latency_ms / 1000,
                         ttft_s=None if ttft_ms is None else ttft_ms / 1000,
-                        # Prefix hashes of the prompt's blocks go here once the gateway records them.
-                        prefix_hashes=(),
+                        reasoning=reasoning,
+                        prefix_hashes=unpack(hashes),
                     )
                 except ValueError as exc:
                     logger.warning("usage row left out of the trace export: %s", exc)

@@ -1,4 +1,5 @@
-"""Management endpoints (admin token): keys and the usage of everyone, including the trace export."""
+"""Management endpoints (admin token): keys and the usage of everyone, including the trace export and the
+workload statistics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from opentela.frontend.errors import AdminRequiredError
 from opentela.frontend.keys import MAX_EXPIRES_AT, MAX_LIMIT, KeySettings, key_info, tokens_match
 from opentela.frontend.routes.openai import usage_json
 from opentela.frontend.state import bearer_token, state_of
+from opentela.frontend.workload import workload
 
 
 async def require_admin(request: Request) -> None:
@@ -147,3 +149,10 @@ async def export_csv(
         media_type="text/csv",
         headers={"Content-Disposition": 'attachment; filename="opentela-trace.csv"'},
     )
+
+
+@router.get("/workload", summary="Workload statistics of the last hour, day or week (the trace analysis)")
+async def workload_stats(request: Request, window: str = "day") -> JSONResponse:
+    """Tokens per model, burstiness, length percentiles and CDFs, output ratio, prefix reuse and reasoning
+    latency of the window's completed requests (docs/frontend.md, Workload)."""
+    return JSONResponse(await workload(state_of(request).db, window))

@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
 
 from opentela.errors import InvalidRequestError, RequestTooLargeError
 from opentela.frontend.errors import ModelNotAllowedError
@@ -145,6 +146,11 @@ async def _inference(request: Request) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     response.headers.setdefault("X-Otela-Request-Id", request_id)
     response.headers.update(admission.limit_headers)
+    if response.status_code < 400 and path != "/v1/embeddings":
+        # After the last byte went out (a stream's included): hashing the prompt adds nothing to the answer's time.
+        response.background = BackgroundTask(
+            st.trace.after_response, admission, path, body if key.log_content else None, len(raw)
+        )
     return response
 
 

@@ -1,4 +1,4 @@
-// OpenTela dashboard: catalog, node map, playground, keys and usage. Plain JS, no external assets.
+// OpenTela dashboard: catalog, node map, playground, keys, usage and workload. Plain JS, no external assets.
 "use strict";
 
 const $ = (sel, root = document) => root.querySelector(sel);
@@ -486,15 +486,166 @@ async function loadUsage() {
 }
 $("#usage-hours").addEventListener("change", loadUsage);
 
+// ---- workload ---------------------------------------------------------------------------------------------
+// The trace analysis of a recent window (GET /admin/workload), drawn as plain SVG like the usage chart. Reading a
+// week of rows costs the frontend a moment, so the tab reloads every 30 s rather than with every refresh.
+const WORKLOAD_EVERY_MS = 30000;
+const workload = { window: "", loadedAt: 0 };
+const NO_REQUESTS = "No completed requests in this window.";
+const fmtPct = (v) => (v == null ? "-" : `${(v * 100).toFixed(v > 0 && v < 0.1 ? 1 : 0)}%`);
+const fmtTok = (v) => (v == null ? "-" : v >= 1e9 ? `${(v / 1e9).toFixed(1)}G` : v >= 1e6 ? `${(v / 1e6).toFixed(1)}M`
+  : v >= 1e4 ? `${Math.round(v / 1e3)}k` : fmtInt(Math.round(v)));
+const fmtSec = (v) => (v == null ? "-" : fmtMs(v * 1000));
+const chartWidth = (box) => Math.max(280, box.clientWidth || 440);
+const clip = (text, px) => { const n = Math.max(4, Math.floor(px / 6.6)); return text.length > n ? `${text.slice(0, n - 1)}…` : text; };
+const pad2 = (n) => String(n).padStart(2, "0");
+function timeLabel(span) {
+  return (t) => {
+    const d = new Date(t * 1000);
+    return span > 86400 ? `${pad2(d.getMonth() + 1)}-${pad2(d.getDate())}` : `${pad2(d.getHours())}:${pad2(d.getMinutes())}`;
+  };
+}
+function nothing(box, text) {
+  box.innerHTML = `<svg viewBox="0 0 ${chartWidth(box)} 48" role="img"><text class="empty" x="8" y="28">${esc(text)}</text></svg>`;
+}
+function hbars(box, items, fmt, max = null) {
+  // One bar per item ({label, value, note}), labelled on the left, largest first as given.
+  if (!items.length) { nothing(box, NO_REQUESTS); return; }
+  const W = chartWidth(box), row = 24, L = Math.min(190, W * 0.38), R = 64, H = items.length * row + 6;
+  const top = max ?? Math.max(1e-9, ...items.map((i) => i.value));
+  box.innerHTML = `<svg viewBox="0 0 ${W} ${H}" role="img">${items.map((it, i) => {
+    const y = 4 + i * row, w = Math.max(1, (W - L - R) * Math.min(1, it.value / top));
+    const tip = `${it.label}: ${fmt(it.value)}${it.note ? ` (${it.note})` : ""}`;
+    return `<g class="bar-row" data-label="${esc(it.label)}"><text class="bar-label" x="${L - 6}" y="${y + 15}" text-anchor="end">${esc(clip(it.label, L - 8))}</text>
+      <rect class="bar" x="${L}" y="${y + 4}" width="${w}" height="${row - 9}" rx="2"><title>${esc(tip)}</title></rect>
+      <text class="bar-value" x="${L + w + 6}" y="${y + 15}">${esc(fmt(it.value))}</text></g>`;
+  }).join("")}</svg>`;
+}
+function lines(box, series, { xLog = false, step = false, xFmt, yFmt, yMax = null, xMin = null, xMax = null }) {
+  // One polyline per series ({name, cls, points: [[x, y], ...]}), with a legend; x on a log scale when xLog; a
+  // step function from 0 when step (an empirical CDF). Points are marked where a series has few of them.
+  const all = series.flatMap((s) => s.points);
+  if (!all.length) { nothing(box, NO_REQUESTS); return; }
+  const W = chartWidth(box), H = 190, L = 48, B = 24, T = 10, R = 14;
+  const fx = xLog ? (v) => Math.log10(Math.max(1, v)) : (v) => v;
+  let x0 = fx(xMin ?? Math.min(...all.map((p) => p[0])));
+  let x1 = fx(xMax ?? Math.max(...all.map((p) => p[0])));
+  if (xLog) { x0 = Math.floor(x0); x1 = Math.max(Math.ceil(x1), x0 + 1); }
+  if (x1 <= x0) x1 = x0 + 1;
+  const top = yMax ?? Math.max(1e-9, ...all.map((p) => p[1]));
+  const X = (v) => L + ((fx(v) - x0) / (x1 - x0)) * (W - L - R);
+  const Y = (v) => H - B - (Math.min(v, top) / top) * (H - B - T);
+  const yTicks = [0, 0.5, 1].map((f) => `<line class="axis" x1="${L}" x2="${W - R}" y1="${Y(top * f)}" y2="${Y(top * f)}"/>
+    <text x="${L - 6}" y="${Y(top * f) + 4}" text-anchor="end">${esc(yFmt(top * f))}</text>`).join("");
+  let xs;
+  if (xLog) {
+    xs = [];
+    for (let e = x0; e <= x1; e++) xs.push(10 ** e);
+  } else {
+    const n = Math.max(2, Math.min(5, Math.floor(W / 120)));
+    xs = Array.from({ length: n }, (_, i) => x0 + ((x1 - x0) * i) / (n - 1));
+  }
+  const anchor = (i) => (i === 0 ? "start" : i === xs.length - 1 ? "end" : "middle");
+  const xTicks = xs.map((v, i) => `<text x="${X(v)}" y="${H - 6}" text-anchor="${anchor(i)}">${esc(xFmt(v))}</text>`).join("");
+  const shape = (pts) => (step && pts.length
+    ? [[pts[0][0], 0], ...pts.flatMap((p, i) => (i ? [[p[0], pts[i - 1][1]], p] : [p]))] : pts);
+  const paths = series.filter((s) => s.points.length).map((s) => {
+    const line = `<polyline class="line ${s.cls}" points="${shape(s.points).map((p) => `${X(p[0]).toFixed(1)},${Y(p[1]).toFixed(1)}`).join(" ")}"><title>${esc(s.name)}</title></polyline>`;
+    const dots = !step && s.points.length <= 48
+      ? s.points.map((p) => `<circle class="dot ${s.cls}" cx="${X(p[0]).toFixed(1)}" cy="${Y(p[1]).toFixed(1)}" r="3"><title>${esc(`${s.name}: ${yFmt(p[1])}`)}</title></circle>`).join("") : "";
+    return line + dots;
+  }).join("");
+  box.innerHTML = `<svg viewBox="0 0 ${W} ${H}" role="img">${yTicks}${xTicks}${paths}</svg>
+    <div class="legend">${series.map((s) => `<span><i class="${s.cls}"></i>${esc(s.name)}</span>`).join("")}</div>`;
+}
+function workloadMessage(text) {
+  $("#workload-scope").textContent = "";
+  $("#workload-stats").innerHTML = `<p class="muted needs-admin">${esc(text)}</p>`;
+  $$("#view-workload .chart").forEach((c) => { c.innerHTML = ""; });
+  $("#wl-latency tbody").innerHTML = "";
+  $("#wl-lengths tbody").innerHTML = "";
+}
+async function loadWorkload(force) {
+  const win = $("#workload-window").value;
+  if (!force && workload.window === win && Date.now() - workload.loadedAt < WORKLOAD_EVERY_MS) return;
+  if (!store.admin) {
+    workload.loadedAt = 0;
+    workloadMessage("The workload covers every key: unlock management in the Keys tab with the admin token to see it.");
+    return;
+  }
+  let w;
+  try {
+    w = await api(`/admin/workload?window=${encodeURIComponent(win)}`, { token: store.admin });
+  } catch (e) {
+    workload.loadedAt = 0;
+    workloadMessage(`Cannot read the workload: ${e.message}`);
+    return;
+  }
+  workload.window = win;
+  workload.loadedAt = Date.now();
+  drawWorkload(w);
+  $("#view-workload").dataset.window = win;
+}
+function drawWorkload(w) {
+  const span = w.until - w.since;
+  $("#workload-scope").textContent = w.truncated
+    ? `newest ${fmtInt(w.analysed)} of ${fmtInt(w.totals.requests)} requests analysed` : `${fmtInt(w.analysed)} requests`;
+  const top = w.ranking.models.slice(0, 5).map((m) => m.model);
+  const cls = (name) => (top.includes(name) ? `s${top.indexOf(name)}` : "s5");
+  const burst = w.burstiness[0];
+  $("#workload-stats").innerHTML = [
+    ["requests", fmtInt(w.totals.requests)], ["input tokens", fmtTok(w.totals.input_tokens)],
+    ["output tokens", fmtTok(w.totals.output_tokens)], ["tokens of the top 3 models", fmtPct(w.analysed ? w.ranking.top3_share : null)],
+    ["peak burstiness", burst ? `${burst.magnitude.toFixed(1)}×` : "-"], ["reusable prompt tokens", fmtPct(w.prefix_reuse.ratio)],
+  ].map(([l, v]) => `<div class="stat"><div class="v">${esc(v)}</div><div class="l">${esc(l)}</div></div>`).join("");
+  hbars($("#wl-ranking"), w.ranking.models.slice(0, 10).map((m) => ({
+    label: m.model, value: m.tokens, note: `${fmtPct(m.share)} of all, ${fmtInt(m.requests)} requests` })), fmtTok);
+  const times = timeLabel(span);
+  lines($("#wl-tpm"), Object.entries(w.tpm.models).map(([name, values]) => ({
+    name, cls: cls(name), points: values.map((v, i) => [w.tpm.start + i * w.tpm.bucket_s, v]) })),
+  { xFmt: times, yFmt: fmtTok, xMin: w.tpm.start, xMax: w.until });
+  hbars($("#wl-burst"), w.burstiness.slice(0, 10).map((b) => ({
+    label: b.model, value: b.magnitude, note: `peak ${fmtInt(Math.round(b.peak_tpm))} tokens/min, mean ${fmtInt(Math.round(b.mean_tpm))} over ${b.active_minutes} active min` })),
+  (v) => `${v.toFixed(1)}×`);
+  $("#wl-reuse-note").textContent = w.prefix_reuse.requests
+    ? `within ${Math.round(w.prefix_reuse.window_s / 60)} min, ${fmtInt(w.prefix_reuse.requests)} hashed requests` : "";
+  if (w.analysed && !w.prefix_reuse.requests) nothing($("#wl-reuse"), "No request in this window has prefix hashes.");
+  else hbars($("#wl-reuse"), w.prefix_reuse.models.slice(0, 10).map((r) => ({
+    label: r.model, value: r.ratio, note: `${fmtInt(r.requests)} requests` })), fmtPct, 1);
+  const cdf = (which) => Object.entries(w.lengths.cdf).map(([name, c]) => ({
+    name: name === "all" ? "all requests" : name, cls: name === "all" ? "s5" : cls(name), points: c[which] }));
+  const tokensTick = (v) => fmtTok(v);
+  lines($("#wl-input-cdf"), cdf("input"), { xLog: true, step: true, xFmt: tokensTick, yFmt: fmtPct, yMax: 1 });
+  lines($("#wl-output-cdf"), cdf("output"), { xLog: true, step: true, xFmt: tokensTick, yFmt: fmtPct, yMax: 1 });
+  lines($("#wl-ratio"), w.output_ratio.models.map((m) => ({ name: m.model, cls: cls(m.model), points: m.points.map((p) => [p[0], p[1]]) })),
+    { xFmt: times, yFmt: fmtPct, yMax: 1, xMin: w.since, xMax: w.until });
+  const r = w.reasoning;
+  $("#wl-latency tbody").innerHTML = [["reasoning", r.reasoning], ["non-reasoning", r.non_reasoning]].map(([kind, s]) => `
+    <tr data-kind="${kind}"><td>${kind}</td><td>${fmtInt(s ? s.requests : 0)}</td><td>${fmtSec(s && s.e2e_p50)}</td><td>${fmtSec(s && s.e2e_p95)}</td>
+    <td>${fmtInt(s && s.output_p50)}</td><td>${fmtInt(s && s.output_p95)}</td></tr>`).join("")
+    + `<tr><td colspan="6" class="muted">${fmtInt(r.unknown)} requests without a known kind (no answer text seen, or not a chat)</td></tr>`;
+  const lengthRow = (s, name) => `<tr data-model="${esc(name)}"><td data-label="Model">${esc(name)}</td><td data-label="Requests">${fmtInt(s.requests)}</td>
+    <td data-label="Input">${fmtInt(s.input_p50)} / ${fmtInt(s.input_p95)} / ${fmtInt(s.input_p99)}</td>
+    <td data-label="Output">${fmtInt(s.output_p50)} / ${fmtInt(s.output_p95)} / ${fmtInt(s.output_p99)}</td>
+    <td data-label="1-2 tokens">${fmtPct(s.short_output_share)}</td></tr>`;
+  $("#wl-lengths tbody").innerHTML = w.lengths.all
+    ? [lengthRow(w.lengths.all, "all requests"), ...w.lengths.models.slice(0, 20).map((s) => lengthRow(s, s.model))].join("")
+    : `<tr><td colspan="5" class="muted">${NO_REQUESTS}</td></tr>`;
+}
+$("#workload-window").addEventListener("change", () => loadWorkload(true));
+
 // ---- refresh loop -----------------------------------------------------------------------------------------
 async function refresh() {
-  // The key field stays in view on the mesh tabs until a credential is there to read them with.
-  $(".key-panel").classList.toggle("hidden", (current === "models" || current === "nodes") && Boolean(meshToken()));
+  // The key field stays in view on the mesh tabs until a credential is there to read them with; the workload needs
+  // the admin token, not a key.
+  $(".key-panel").classList.toggle("hidden", ((current === "models" || current === "nodes") && Boolean(meshToken()))
+    || (current === "workload" && Boolean(store.admin)));
   loadHealth();
   if (current === "models" || current === "playground") await loadModels();
   if (current === "nodes") await loadNodes();
   if (current === "keys") await loadKeys();
   if (current === "usage") await loadUsage();
+  if (current === "workload") await loadWorkload(false);
 }
 api("/api/info").then((i) => { $("#footer-info").textContent = `ingress ${i.ingress} · ${i.database}`; }).catch(() => {});
 checkKey();
