@@ -131,9 +131,7 @@ class GatewayConfig:
     )
     prefix_affinity_entries: int = field(
         default=65536,
-        metadata={
-            "help": "`prefix_affinity`: prefixes remembered at most; those tied longest ago go first."
-        },
+        metadata={"help": "`prefix_affinity`: prefixes remembered at most; those tied longest ago go first."},
     )
     cooldown_failures: int = field(
         default=3,
