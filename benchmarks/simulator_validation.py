@@ -1,12 +1,16 @@
 """Validate the serving simulator against the embedded engine (SmolLM2-135M Q4_1 on llama.cpp) on this CPU.
 
-Starts `otela engine embedded` with 2 threads, measures prefill time against prompt length and decode time per
-token against batch size (concurrent requests), all from llama.cpp's own per-request timings; measures this
-machine's memory bandwidth with a STREAM-like copy; builds a CPU device entry from /proc/cpuinfo; calibrates ONE
-compute-efficiency factor on one prefill point and reports the simulator's error on every other point.
-Prints JSON and writes docs/benchmarks/simulator_validation.{json,md} (the summary also goes into simulator.md).
+Starts `otela engine embedded` with 2 threads and measures, from llama.cpp's own timings and streamed token gaps:
+prefill time for prompts of 16 to 2048 tokens, decode step time for batches of 1 to 16 at contexts of 64 to 1500
+tokens, prefills after a prefix hit in llama.cpp's prompt cache, and a continuous-batching run with Poisson
+arrivals through `otela bench load`. Builds a CPU device entry from /proc/cpuinfo and a measured copy bandwidth,
+fits the step model (per-step overhead, matrix-product and attention efficiencies) on THREE points (decode 1x64,
+prefill 512, prefill 2048), and reports the simulator's error on every other point, prefill and decode
+separately, and on the run's TTFT and TPOT percentiles. Records the load average before and after.
+Writes docs/benchmarks/simulator_validation.json, simulator.md and simulator_validation.png.
 
-    python benchmarks/simulator_validation.py [--repeats 3] [--calibrate 256]
+    python benchmarks/simulator_validation.py [--repeats 3] [--quick]
+    python benchmarks/simulator_validation.py --render docs/benchmarks/simulator_validation.json
 """
 
 from __future__ import annotations
@@ -17,26 +21,44 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from opentela.bench.traces import TraceRecord, write_trace
 from opentela.engines.base import free_port
-from opentela.scheduler.hardware import builtin_catalog, host_cpu_device
+from opentela.scheduler.calibration import (
+    DECODE_BATCHES,
+    DECODE_CONTEXTS,
+    PREFILL_GRID,
+    StepPoint,
+    error_summary,
+    fit_step_model,
+    kind_of,
+    predict,
+    shape,
+)
+from opentela.scheduler.hardware import Device, builtin_catalog, host_cpu_device
 from opentela.scheduler.models import load_model
-from opentela.scheduler.roofline import Precision, step_time
-from opentela.scheduler.simulator import ReplicaSpec, simulate
+from opentela.scheduler.roofline import Precision
+from opentela.scheduler.simulator import EngineLimits, ReplicaSpec, simulate
 from opentela.scheduler.workload import Trace
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
-PROMPT_LENGTHS = (32, 64, 128, 256, 512, 1024)
-BATCHES = (1, 2, 4, 8)
-DECODE_TOKENS = 48
+PARALLEL = max(DECODE_BATCHES)
+SLOT_CTX = 2304  # a 2048-token prompt plus its output fits one slot
+DECODE_TOKENS = 40
+CALIBRATION = (StepPoint(0.0, decode=(64,)), StepPoint(0.0, prefill=(512,)), StepPoint(0.0, prefill=(2048,)))
+"""The three points the step model is fitted on; every other point is a prediction."""
+PREFIX_CHECKS = ((256, 64), (1024, 64), (1024, 256))
+"""(cached prefix, new tokens): prefills after a hit in llama.cpp's prompt cache."""
+MODEL_NAME = "SmolLM2-135M-Instruct"
+PRECISION = Precision(weights="q4_1", kv_cache="fp16", activations="fp32")
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
 
 
@@ -115,29 +137,83 @@ def gpu_speedups() -> list[dict]:
     return rows
 
 
-def measure_prefill(port: int, repeats: int) -> list[dict]:
-    """Prompt processing time per prompt length, best and median of `repeats`.
+def erase_slots(port: int) -> None:
+    """Empty every slot's KV cache: llama.cpp attends over every occupied cell of its unified cache (others'
+    masked), so stale sequences left in other slots would slow the step being measured."""
+    for slot in range(PARALLEL):
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/slots/{slot}?action=erase", data=b"{}", method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=10):
+                pass
+        except OSError:
+            return  # an engine without the slots endpoint: measure as is
+
+
+def tokenize(port: int, text: str) -> int:
+    """Tokens llama.cpp makes of `text` (its /tokenize endpoint)."""
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/tokenize",
+        data=json.dumps({"content": text}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return len(json.load(resp)["tokens"])
+
+
+def prompt_tokens(port: int, tokens: int, salt: int) -> str:
+    """A prompt of exactly about `tokens` tokens: words drawn for `salt`, trimmed by the tokenizer's count."""
+    words = max(tokens, 1)
+    text = prompt_of(words, salt)
+    for _ in range(4):
+        n = tokenize(port, text)
+        if n == tokens:
+            break
+        words = max(1, words + tokens - n)
+        text = prompt_of(words, salt)
+    return text
+
+
+def measure_prefill(port: int, lengths: tuple[int, ...], repeats: int) -> list[dict]:
+    """Prompt processing time per prompt length (llama.cpp's prompt_ms), best and median of `repeats`.
 
     Rounds go over every length in turn, so each length gets its share of the machine's quieter moments.
     """
-    runs: dict[int, list[tuple[int, float]]] = {n: [] for n in PROMPT_LENGTHS}
+    runs: dict[int, list[tuple[int, float]]] = {n: [] for n in lengths}
     for r in range(repeats):
-        for i, n in enumerate(PROMPT_LENGTHS):
-            t = post(port, {"prompt": prompt_of(n, 1000 * i + r), "n_predict": 1, "cache_prompt": False})
-            runs[n].append((t["timings"]["prompt_n"], t["timings"]["prompt_ms"]))
+        for i, n in enumerate(lengths):
+            body = {"prompt": prompt_tokens(port, n, 1000 * i + r), "n_predict": 1, "cache_prompt": False}
+            erase_slots(port)
+            t = post(port, body)["timings"]
+            runs[n].append((t["prompt_n"], t["prompt_ms"]))
         print(f"prefill round {r + 1}/{repeats} done", file=sys.stderr)
     rows = []
-    for n in PROMPT_LENGTHS:
+    for n in lengths:
         ms = [m for _, m in runs[n]]
-        rows.append(
-            {
-                "prompt_tokens": runs[n][0][0],
-                "best_ms": min(ms),
-                "median_ms": float(np.median(ms)),
-                "runs_ms": ms,
-            }
-        )
-        print(f"prefill {runs[n][0][0]:5d} tokens: best {min(ms):8.1f} ms", file=sys.stderr)
+        rows.append({"prompt_tokens": runs[n][0][0], "best_ms": min(ms), "median_ms": float(np.median(ms))})
+    return rows
+
+
+def measure_prefix_hits(port: int, repeats: int) -> list[dict]:
+    """Prefill of `new` tokens after a `cached`-token prefix llama.cpp kept in its prompt cache."""
+    rows = []
+    for cached, new in PREFIX_CHECKS:
+        best = float("inf")
+        reused = 0
+        for r in range(repeats):
+            prefix = prompt_tokens(port, cached, 70_000 + cached + r)
+            erase_slots(port)
+            post(port, {"prompt": prefix, "n_predict": 1, "cache_prompt": True, "id_slot": 0})
+            tail = prompt_of(new, 80_000 + new + r)
+            t = post(
+                port, {"prompt": prefix + " " + tail, "n_predict": 1, "cache_prompt": True, "id_slot": 0}
+            )
+            timings = t["timings"]
+            best = min(best, timings["prompt_ms"])
+            reused = tokenize(port, prefix + " " + tail) - int(timings["prompt_n"])
+            new_tokens = int(timings["prompt_n"])
+        rows.append({"cached": reused, "new": new_tokens, "best_ms": best})
     return rows
 
 
@@ -156,127 +232,257 @@ def stream_gaps(port: int, body: dict, timeout: float = 600.0) -> list[float]:
     return list(np.diff(stamps))
 
 
-def measure_decode(port: int, repeats: int, prompt_tokens: int = 32) -> list[dict]:
-    """Time per decode step with `b` sequences decoding together (b concurrent streamed requests).
+def measure_decode(
+    port: int, batches: tuple[int, ...], contexts: tuple[int, ...], repeats: int
+) -> list[dict]:
+    """Time per decode step with `b` sequences of about `context` tokens decoding together.
 
     On a loaded machine most steps are stretched by other processes; the 10th percentile of the gaps between
     tokens, over every stream of every repeat, is the least-disturbed step time (the median is reported too).
     """
     rows = []
-    for b in BATCHES:
-        gaps: list[float] = []
-        for r in range(repeats):
-            bodies = [
+    for context in contexts:
+        for b in batches:
+            gaps: list[float] = []
+            for r in range(repeats):
+                bodies = [
+                    {
+                        "prompt": prompt_tokens(port, context, 50_000 + 1000 * b + 10 * r + j + context),
+                        "n_predict": DECODE_TOKENS,
+                        "ignore_eos": True,
+                        "cache_prompt": False,
+                    }
+                    for j in range(b)
+                ]
+                erase_slots(port)
+                with ThreadPoolExecutor(b) as pool:
+                    per_stream = list(pool.map(lambda body: stream_gaps(port, body), bodies))
+                # Skip each stream's first gaps: the other requests' prompts may still be running then.
+                skip = 2 + b
+                gaps += [g for stream in per_stream for g in stream[skip:]]
+            ms = 1000 * np.array(gaps)
+            rows.append(
                 {
-                    "prompt": prompt_of(prompt_tokens, 50_000 + 100 * b + 10 * r + j),
-                    "n_predict": DECODE_TOKENS,
-                    "ignore_eos": True,
-                    "cache_prompt": False,
+                    "batch": b,
+                    "context": context + (2 + b + DECODE_TOKENS) // 2,
+                    "best_ms": float(np.percentile(ms, 10)),
+                    "median_ms": float(np.median(ms)),
+                    "steps_measured": len(ms),
                 }
-                for j in range(b)
-            ]
-            with ThreadPoolExecutor(b) as pool:
-                per_stream = list(pool.map(lambda body: stream_gaps(port, body), bodies))
-            # Skip each stream's first gaps: the other requests' prompts may still be running then.
-            gaps += [g for stream in per_stream for g in stream[4:]]
-        ms = 1000 * np.array(gaps)
-        ctx = prompt_tokens + DECODE_TOKENS // 2
-        rows.append(
-            {
-                "batch": b,
-                "mean_context": ctx,
-                "best_ms_per_token": float(np.percentile(ms, 10)),
-                "median_ms_per_token": float(np.median(ms)),
-                "steps_measured": len(ms),
-            }
-        )
-        print(
-            f"decode batch {b}: p10 {np.percentile(ms, 10):7.1f} ms/step, median {np.median(ms):7.1f}",
-            file=sys.stderr,
-        )
+            )
+            print(f"decode b={b} ctx={context}: p10 {rows[-1]['best_ms']:.1f} ms", file=sys.stderr)
     return rows
 
 
-def calibrate(predict: Callable[[float], float], measured_s: float) -> float:
-    """The compute efficiency in (0, 1] at which `predict` matches `measured_s` (bisection in log space)."""
-    low, high = 1e-4, 1.0
-    if predict(high) >= measured_s:
-        return high
-    for _ in range(60):
-        mid = (low * high) ** 0.5
-        low, high = (mid, high) if predict(mid) > measured_s else (low, mid)
-    return (low * high) ** 0.5
+def mixed_trace(requests: int, rate: float, seed: int) -> Trace:
+    """Poisson arrivals, prompts of 64-1024 tokens, outputs of 16-64: the continuous-batching run."""
+    rng = np.random.default_rng(seed)
+    arrival = np.cumsum(rng.exponential(1 / rate, requests))
+    arrival -= arrival[0]
+    inp = rng.integers(64, 1025, requests)
+    out = rng.integers(16, 65, requests)
+    return Trace(arrival, inp, out, np.zeros(requests, dtype=np.int64))
 
 
-def run(repeats: int, calibrate_at: int) -> dict:
-    """Measure, calibrate once, predict, compare."""
+def measure_mixed(port: int, trace: Trace, model_id: str, workdir: Path) -> dict:
+    """Replay `trace` through `otela bench load` against the engine; its TTFT and TPOT percentiles (ms)."""
+    records = [
+        TraceRecord(float(a), model_id, int(i), int(o))
+        for a, i, o in zip(trace.arrival, trace.input_len, trace.output_len, strict=True)
+    ]
+    path = workdir / "mixed_trace.csv"
+    write_trace(records, path)
+    out = workdir / "mixed_report.json"
+    cmd = [sys.executable, "-m", "opentela", "bench", "load", "--url", f"http://127.0.0.1:{port}/v1"]
+    cmd += ["--model", model_id, "--trace", str(path), "--endpoint", "completions", "--ignore-eos"]
+    cmd += ["--no-progress", "--out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    report = json.loads(out.read_text())
+    return {"ttft_ms": report["ttft_ms"], "tpot_ms": report["tpot_ms"]}
+
+
+def simulate_mixed(trace: Trace, device: Device) -> dict:
+    """The same run in the simulator: llama.cpp's server batches decodes with prompt chunks up to n_batch."""
+    limits = EngineLimits(max_seqs=PARALLEL, max_batched_tokens=2048, chunked_prefill=True)
+    spec = ReplicaSpec(load_model(MODEL_NAME), device, precision=PRECISION, limits=limits)
+    m = simulate([spec], trace).metrics()
+    return {
+        "ttft_ms": {f"p{q}": 1000 * m[f"ttft_p{q}"] for q in (50, 90, 99)},
+        "tpot_ms": {f"p{q}": 1000 * m[f"tpot_p{q}"] for q in (50, 90, 99)},
+    }
+
+
+def as_points(prefill: list[dict], decode: list[dict], hits: list[dict]) -> list[StepPoint]:
+    """The measured rows as step points (seconds from the least-disturbed measurement)."""
+    points = [StepPoint(r["best_ms"] / 1000, prefill=(r["prompt_tokens"],)) for r in prefill]
+    points += [StepPoint(r["best_ms"] / 1000, decode=(r["context"],) * r["batch"]) for r in decode]
+    points += [StepPoint(r["best_ms"] / 1000, prefill=(r["new"],), cached=(r["cached"],)) for r in hits]
+    return points
+
+
+def nearest(points: list[StepPoint], target: StepPoint) -> StepPoint:
+    """The measured point closest in shape to a nominal calibration point (prompts come out a few tokens off)."""
+    same = [p for p in points if kind_of(p) == kind_of(target) and len(p.decode) == len(target.decode)]
+    size = sum(target.prefill) + sum(target.decode)
+    return min(same, key=lambda p: abs(sum(p.prefill) + sum(p.decode) - size))
+
+
+def compare(points: list[StepPoint], raw: Device) -> tuple[Device, list[StepPoint], list[dict]]:
+    """Fit on the calibration points, predict every point; the fitted device, the points used, the rows."""
+    model = load_model(MODEL_NAME)
+    chosen = [nearest(points, c) for c in CALIBRATION]
+    step = fit_step_model(chosen, model, raw, PRECISION)
+    device = raw.with_step(step)
+    used = {shape(p) for p in chosen}
+    rows = []
+    for p in points:
+        guess = predict(p, model, device, PRECISION)
+        rows.append(
+            {
+                **p.to_dict(),
+                "kind": kind_of(p),
+                "measured_ms": p.seconds * 1000,
+                "predicted_ms": guess * 1000,
+                "error_pct": 100 * (guess / p.seconds - 1),
+                "calibration_point": shape(p) in used,
+            }
+        )
+    return device, chosen, rows
+
+
+def run(repeats: int, quick: bool) -> dict:
+    """Measure, calibrate on three points, predict the rest, compare; also the mixed run."""
+    from opentela.engines.embedded import MODEL_ID
+
     load_before = os.getloadavg()
     bandwidth = memory_bandwidth_gbs()
+    lengths = (16, 128, 512, 2048) if quick else PREFILL_GRID
+    batches, contexts = ((1, 4), (64, 512)) if quick else (DECODE_BATCHES, DECODE_CONTEXTS)
     port = free_port()
     cmd = [sys.executable, "-m", "opentela", "engine", "embedded", "--port", str(port)]
-    cmd += ["--threads", str(THREADS), "--parallel", str(max(BATCHES))]
+    cmd += ["--threads", str(THREADS), "--parallel", str(PARALLEL), "--ctx-size", str(SLOT_CTX * PARALLEL)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    trace = mixed_trace(12 if quick else 60, rate=0.5, seed=7)
     try:
         wait_ready(port, proc)
         post(port, {"prompt": "warm up", "n_predict": 4})
-        prefill = measure_prefill(port, repeats)
-        decode = measure_decode(port, repeats)
+        prefill = measure_prefill(port, lengths, repeats)
+        decode = measure_decode(port, batches, contexts, repeats)
+        hits = measure_prefix_hits(port, repeats)
+        with tempfile.TemporaryDirectory() as tmp:
+            mixed = measure_mixed(port, trace, MODEL_ID, Path(tmp))
     finally:
         proc.terminate()
         proc.wait(timeout=30)
     load_after = os.getloadavg()
-
-    model = load_model("SmolLM2-135M-Instruct")
-    precision = Precision(weights="q4_1", kv_cache="fp16", activations="fp32")
-    raw_device = host_cpu_device(threads=THREADS, memory_bandwidth_gbs=bandwidth)
-    # ONE factor: the share of peak integer/float throughput llama.cpp reaches, fitted on one prefill point.
-    # Memory bandwidth is the measured copy bandwidth, used as is.
-    anchor = min(prefill, key=lambda r: abs(r["prompt_tokens"] - calibrate_at))
-    efficiency = calibrate(
-        lambda e: step_time(
-            model, raw_device.calibrated(e), prefill=[anchor["prompt_tokens"]], precision=precision
-        ),
-        anchor["best_ms"] / 1000,
-    )
-    device = raw_device.calibrated(efficiency)
-    for row in prefill:
-        row["predicted_ms"] = 1000 * step_time(
-            model, device, prefill=[row["prompt_tokens"]], precision=precision
-        )
-        row["error_pct"] = 100 * (row["predicted_ms"] - row["best_ms"]) / row["best_ms"]
-        row["calibration_point"] = row is anchor
-    for row in decode:
-        ctx = [row["mean_context"]] * row["batch"]
-        row["predicted_ms_per_token"] = 1000 * step_time(model, device, decode=ctx, precision=precision)
-        row["error_pct"] = (
-            100 * (row["predicted_ms_per_token"] - row["best_ms_per_token"]) / row["best_ms_per_token"]
-        )
-    others = [abs(r["error_pct"]) for r in prefill if not r["calibration_point"]]
-    others += [abs(r["error_pct"]) for r in decode]
+    raw = host_cpu_device(threads=THREADS, memory_bandwidth_gbs=bandwidth)
+    points = as_points(prefill, decode, hits)
+    device, chosen, rows = compare(points, raw)
+    summary = error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
+    simulated = simulate_mixed(trace, device)
+    mixed_errors = {
+        f"{metric}_p50_error_pct": 100 * (simulated[metric]["p50"] / mixed[metric]["p50"] - 1)
+        for metric in ("ttft_ms", "tpot_ms")
+    }
     return {
-        "engine": "embedded llama.cpp (xllamacpp), SmolLM2-135M-Instruct Q4_1, 2 threads",
+        "engine": f"embedded llama.cpp (xllamacpp), {MODEL_NAME} Q4_1, {THREADS} threads, {PARALLEL} slots",
         "device": {
-            "source": raw_device.source,
-            "cores": raw_device.cores,
-            "peak_tops": {k: round(v, 4) for k, v in raw_device.tflops.items()},
+            "source": raw.source,
+            "cores": raw.cores,
+            "peak_tops": {k: round(v, 4) for k, v in raw.tflops.items()},
             "measured_copy_bandwidth_gbs": round(bandwidth, 2),
         },
-        "calibration": {"prompt_tokens": anchor["prompt_tokens"], "compute_efficiency": round(efficiency, 4)},
-        "prefill": prefill,
-        "decode": decode,
-        "mean_abs_error_pct_excluding_calibration": round(float(np.mean(others)), 1),
-        "max_abs_error_pct_excluding_calibration": round(float(np.max(others)), 1),
+        "step_model": device.step.to_dict(),
+        "calibration_points": [p.to_dict() for p in chosen],
+        "points": rows,
+        "summary": summary,
+        "mixed": {
+            "requests": len(trace),
+            "rate_rps": 0.5,
+            "measured": mixed,
+            "simulated": simulated,
+            **mixed_errors,
+        },
         "gpu_speedups": gpu_speedups(),
         "repeats": repeats,
+        "quick": quick,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "platform": platform.platform(),
     }
 
 
+def plot(doc: dict, path: Path) -> None:
+    """Predicted against measured step time, log-log, by kind; the calibration points ringed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for kind, marker in (("prefill", "o"), ("decode", "s"), ("cached_prefill", "^")):
+        rows = [r for r in doc["points"] if r["kind"] == kind]
+        if rows:
+            ax.scatter(
+                [r["measured_ms"] for r in rows], [r["predicted_ms"] for r in rows], marker=marker, label=kind
+            )
+    cal = [r for r in doc["points"] if r["calibration_point"]]
+    ax.scatter(
+        [r["measured_ms"] for r in cal],
+        [r["predicted_ms"] for r in cal],
+        s=160,
+        facecolors="none",
+        edgecolors="k",
+        label="calibration",
+    )
+    values = [r["measured_ms"] for r in doc["points"]] + [r["predicted_ms"] for r in doc["points"]]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", label="within 10 %")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlim=(lo, hi),
+        ylim=(lo, hi),
+        xlabel="measured (ms)",
+        ylabel="predicted (ms)",
+    )
+    ax.set_title("Step time: simulator against llama.cpp (CPU)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def gpu_section(gpu: dict | None) -> list[str]:
+    """The GPU validation's summary (benchmarks/gpu_validation.py's JSON), or why there is none yet."""
+    lines = ["## On a GPU", ""]
+    if not gpu:
+        return [
+            *lines,
+            "`benchmarks/gpu_validation.py` times the same grid of prefill and decode steps on CUDA for",
+            "Llama-3.1-8B and Qwen3-1.7B (random weights from the shipped `config.json`, bf16, SDPA attention)",
+            "and compares with the simulator for the device. It has not been run on a GPU yet; its `--tiny` CPU",
+            "mode (2 layers, hidden 64) is what the tests check.",
+            "",
+        ]
+    lines += [
+        f"Device {gpu['device']} ({gpu['torch_device']}); three calibration points per model, the rest predicted.",
+        "",
+        "| model | points predicted | mean abs. error | worst |",
+        "|---|---|---:|---:|",
+    ]
+    for model, summary in gpu["summary"].items():
+        for kind, row in summary.items():
+            lines.append(
+                f"| {model} | {kind} ({int(row['points'])}) | {row['mean_abs_pct']:.1f}% | {row['max_abs_pct']:.1f}% |"
+            )
+    return [*lines, ""]
+
+
 def markdown(doc: dict) -> str:
     """docs/benchmarks/simulator.md: the speedup table, the CPU validation and what limits it."""
-    dev, cal = doc["device"], doc["calibration"]
+    dev, step = doc["device"], doc["step_model"]
     lines = [
         "# Serving simulator: checks",
         "",
@@ -299,88 +505,103 @@ def markdown(doc: dict) -> str:
             f"| {r['model']} | {tuple(r['config'])} | {e['H100-SXM']:.2f} s | {e['H100-PCIe']:.2f} s | "
             f"{e['RTX-3090']:.2f} s | {r['speedup_h100_sxm']:.2f}x | {r['speedup_h100_pcie']:.2f}x |"
         )
+    s = doc["summary"]
     lines += [
-        "",
-        "Decode dominates all three, so the ratio follows memory bandwidth (3.35 TB/s SXM, 2.0 TB/s PCIe, 0.94",
-        "TB/s on the 3090: 3.6x and 2.1x), rising a little where the batch's prefill is compute-bound and the",
-        "3090's 71 dense fp16 TFLOP/s with fp32 accumulation weigh in (configuration 2).",
         "",
         "## Against the embedded engine on this CPU",
         "",
         f"Engine: {doc['engine']}. Device entry built from {dev['source']}, {dev['cores']} cores; peak "
         + ", ".join(f"{k} {v * 1000:.0f} GOP/s" for k, v in dev["peak_tops"].items())
         + f"; memory bandwidth {dev['measured_copy_bandwidth_gbs']:.1f} GB/s measured by a 256 MiB copy.",
-        "Weights Q4_1 (0.625 bytes per weight), linear layers at the int8 rate (llama.cpp quantises activations",
-        "to 8 bits for its dot products), attention in fp32 over an fp16 KV cache.",
+        "Weights Q4_1, linear layers at the int8 rate, attention in fp32 over an fp16 KV cache.",
         "",
-        f"**Calibration, once:** a single compute-efficiency factor, fitted on the {cal['prompt_tokens']}-token"
-        f" prefill, is **{cal['compute_efficiency']:.3f}** of peak (the measured bandwidth is used as is). Every"
-        " other point is a prediction.",
+        "**Calibration, three points** (decode 1x64, prefill 512, prefill 2048): per-step overhead "
+        f"**{step['step_overhead_s'] * 1000:.2f} ms**, matrix products at **{step['gemm']:.3f}** of peak, "
+        f"attention at **{step['attention_prefill']:.3f}** of the fp32 peak; memory at the measured bandwidth. "
+        "Every other point is a prediction.",
         "",
-        f"**Error on the other points: mean {doc['mean_abs_error_pct_excluding_calibration']}%, worst "
-        f"{doc['max_abs_error_pct_excluding_calibration']}%** (absolute; prefill against the best of "
-        f"{doc['repeats']} runs, decode against the 10th percentile of the step times).",
-        "",
-        "Prefill (time to process the prompt, from llama.cpp's own timings):",
-        "",
-        "| prompt tokens | measured (best) | median | predicted | error |",
-        "|---:|---:|---:|---:|---:|",
+        "| points predicted | mean abs. error | worst |",
+        "|---|---:|---:|",
     ]
-    for r in doc["prefill"]:
-        mark = " (calibration)" if r["calibration_point"] else ""
-        lines.append(
-            f"| {r['prompt_tokens']}{mark} | {r['best_ms']:.0f} ms | {r['median_ms']:.0f} ms | "
-            f"{r['predicted_ms']:.0f} ms | {r['error_pct']:+.0f}% |"
-        )
+    for kind in ("prefill", "decode", "cached_prefill", "all"):
+        if kind in s:
+            lines.append(
+                f"| {kind} ({int(s[kind]['points'])}) | {s[kind]['mean_abs_pct']:.1f}% "
+                f"| {s[kind]['max_abs_pct']:.1f}% |"
+            )
     lines += [
         "",
-        f"Decode (ms per output token with `batch` requests decoding together, ~{doc['decode'][0]['mean_context']}"
-        " tokens of context each):",
+        "![predicted against measured](simulator_validation.png)",
         "",
-        "| batch | measured (p10 of steps) | median step | predicted | error |",
-        "|---:|---:|---:|---:|---:|",
+        "| step | measured | predicted | error |",
+        "|---|---:|---:|---:|",
     ]
-    for r in doc["decode"]:
+    for r in doc["points"]:
+        if r["kind"] == "decode":
+            what = f"decode {len(r['decode'])} x {r['decode'][0]} ctx"
+        elif r["kind"] == "cached_prefill":
+            what = f"prefill {r['prefill'][0]} after {r['cached'][0]} cached"
+        else:
+            what = f"prefill {r['prefill'][0]}"
+        mark = " (calibration)" if r["calibration_point"] else ""
         lines.append(
-            f"| {r['batch']} | {r['best_ms_per_token']:.1f} ms | {r['median_ms_per_token']:.1f} ms | "
-            f"{r['predicted_ms_per_token']:.1f} ms | {r['error_pct']:+.0f}% |"
+            f"| {what}{mark} | {r['measured_ms']:.1f} ms | {r['predicted_ms']:.1f} ms | {r['error_pct']:+.1f}% |"
+        )
+    mixed = doc["mixed"]
+    lines += [
+        "",
+        f"**Continuous batching** ({mixed['requests']} requests, Poisson at {mixed['rate_rps']} req/s, prompts "
+        "64-1024, outputs 16-64 tokens, through `otela bench load`; the simulator with chunked prefill up to "
+        "llama.cpp's 2048-token batch):",
+        "",
+        "| metric | measured p50 | simulated p50 | error | measured p90 | simulated p90 |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for metric in ("ttft_ms", "tpot_ms"):
+        m, sim = mixed["measured"][metric], mixed["simulated"][metric]
+        lines.append(
+            f"| {metric[:4].upper()} | {m['p50']:.1f} ms | {sim['p50']:.1f} ms | "
+            f"{mixed[metric + '_p50_error_pct']:+.1f}% | {m['p90']:.1f} ms | {sim['p90']:.1f} ms |"
         )
     before, after = doc["loadavg_before"], doc["loadavg_after"]
     lines += [
         "",
         "### Caveats",
         "",
-        f"- The machine has {doc['device']['cores']} cores and is shared: load average "
-        f"{before[0]:.1f} before and {after[0]:.1f} after the run. llama.cpp's two threads synchronise every "
-        "layer, so a third busy process stalls both; medians run far above the best runs, and we compare "
-        "against the least-disturbed measurements: the best of the runs for a prompt, the 10th percentile of the "
-        "gaps between streamed tokens for decoding. The efficiency factor therefore "
-        "also absorbs the load at calibration time.",
-        "- A 135M model is an extreme case for the roofline: its matrices are small (576 wide), so per-operator "
-        "overheads and thread synchronisation, which the roofline does not model, weigh far more than on a GPU "
-        "serving a 13B model; the low efficiency factor says so.",
-        "- The roofline uses one efficiency for every operator; attention (fp32, n^2) and the quantised matrix "
-        "products reach different shares of peak, which shows as a trend in the prefill error with length.",
+        f"- The machine has {dev['cores']} cores and is shared: load average {before[0]:.1f} before and "
+        f"{after[0]:.1f} after the run. We compare against the least-disturbed measurements: the best of "
+        f"{doc['repeats']} runs for a prompt, the 10th percentile of the gaps between streamed tokens for decoding.",
+        "- A 135M model is an extreme case for the roofline: its matrices are 576 wide, so thread "
+        "synchronisation, which the per-step overhead absorbs, weighs far more than on a GPU.",
         "",
     ]
+    lines += gpu_section(doc.get("gpu"))
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--calibrate", type=int, default=256, help="prompt length of the calibration point")
+    parser.add_argument(
+        "--quick", action="store_true", help="a small grid and a short mixed run (a smoke test)"
+    )
     parser.add_argument("--render", metavar="JSON", help="only rewrite simulator.md from a saved result")
     args = parser.parse_args()
     out = ROOT / "docs" / "benchmarks"
     if args.render:
-        (out / "simulator.md").write_text(markdown(json.loads(Path(args.render).read_text())))
+        doc = json.loads(Path(args.render).read_text())
+        (out / "simulator.md").write_text(markdown(doc))
+        plot(doc, out / "simulator_validation.png")
         return
-    doc = run(args.repeats, args.calibrate)
+    doc = run(args.repeats, args.quick)
+    gpu = out / "gpu_validation.json"
+    if gpu.exists():
+        doc["gpu"] = json.loads(gpu.read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "simulator_validation.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out / "simulator.md").write_text(markdown(doc))
-    print(json.dumps(doc, indent=2))
+    plot(doc, out / "simulator_validation.png")
+    print(json.dumps(doc["summary"], indent=2))
 
 
 if __name__ == "__main__":

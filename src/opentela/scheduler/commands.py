@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,19 +19,20 @@ from rich.table import Table
 
 from opentela.bench.traces import TRACE_FORMATS, parse_model_map, read_trace, select_models
 from opentela.errors import ConfigError
-from opentela.scheduler.hardware import load_catalog
+from opentela.scheduler.calibration import calibrated_catalog, default_store
+from opentela.scheduler.hardware import HardwareCatalog, load_catalog
 from opentela.scheduler.models import load_model
 from opentela.scheduler.placement import Cluster, Plan, Problem, check_plan, get_policy, simulate_plan
 from opentela.scheduler.roofline import Precision
-from opentela.scheduler.simulator import EngineLimits, ReplicaSpec, simulate
+from opentela.scheduler.simulator import POLICIES, EngineLimits, ReplicaSpec, SimResult, simulate
 from opentela.scheduler.tables import SimSettings, TableBuilder
 from opentela.scheduler.workload import (
     LengthDist,
     Trace,
     Workload,
-    load_trace,
     load_workloads,
     poisson_trace,
+    trace_from_records,
     workloads_from_trace,
 )
 
@@ -53,6 +56,34 @@ def _add_engine_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-seqs", type=int, default=256, help="sequences per batch (default 256)")
     p.add_argument("--max-batched-tokens", type=int, default=8192, help="new tokens per step (default 8192)")
     p.add_argument("--mem-util", type=float, default=0.9, help="share of device memory the engine uses (0.9)")
+    p.add_argument(
+        "--chunked-prefill",
+        action="store_true",
+        help="split prompts into chunks that fill each step's --max-batched-tokens beside the decoders",
+    )
+    p.add_argument("--schedule", choices=POLICIES, default="fcfs", help="admission order: fcfs or spf (fcfs)")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=0,
+        help="prompt-prefix tokens each replica caches (LRU over 16-token blocks; default 0: off)",
+    )
+    p.add_argument(
+        "--prefix-hit-ratio",
+        type=float,
+        default=0.0,
+        help="share of each prompt found cached when the trace has no prefix hashes (default 0)",
+    )
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="serving engine whose stored calibration (step model) applies per device (default vllm)",
+    )
+    p.add_argument(
+        "--step-models",
+        metavar="DIR",
+        help="directory of calibrations (default $OTELA_STEP_MODELS or ~/.config/opentela/step-models)",
+    )
     p.add_argument("--seed", type=int, default=0, help="random seed of the synthetic trace")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
@@ -69,9 +100,16 @@ def _add_trace_flags(p: argparse.ArgumentParser, model_help: str, metavar: str =
 
 
 def add_simulate_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags of `otela simulate`."""
-    p.add_argument("--model", required=True, help="shipped model name or a config.json path")
-    p.add_argument("--gpu", required=True, metavar="DEVICE", help="device type from the hardware catalog")
+    """Flags of `otela simulate` (and of `otela simulate calibrate`)."""
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=("run", "calibrate"),
+        default="run",
+        help="run a simulation (default), or calibrate the step model of --gpu for --engine",
+    )
+    p.add_argument("--model", help="shipped model name or a config.json path (required)")
+    p.add_argument("--gpu", metavar="DEVICE", help="device type from the hardware catalog (required)")
     p.add_argument("--tp", type=int, default=1, help="tensor parallelism per replica (default 1)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas behind the router (default 1)")
     p.add_argument("--rate", type=float, default=1.0, help="Poisson arrival rate, requests/s (default 1)")
@@ -114,26 +152,57 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 def _limits(ns: argparse.Namespace) -> EngineLimits:
     if ns.max_seqs < 1 or ns.max_batched_tokens < 1 or not 0 < ns.mem_util <= 1:
         raise ConfigError("--max-seqs and --max-batched-tokens must be positive and --mem-util in (0, 1]")
-    return EngineLimits(ns.max_seqs, ns.max_batched_tokens, ns.mem_util)
+    return EngineLimits(
+        ns.max_seqs,
+        ns.max_batched_tokens,
+        ns.mem_util,
+        chunked_prefill=ns.chunked_prefill,
+        policy=ns.schedule,
+        prefix_cache_tokens=ns.prefix_cache_tokens,
+        prefix_hit_ratio=ns.prefix_hit_ratio,
+    )
+
+
+def step_model_dir(ns: argparse.Namespace) -> Path:
+    """Where calibrations are read and written: --step-models, else the default store."""
+    return Path(ns.step_models) if ns.step_models else default_store()
+
+
+def _calibrated(catalog: HardwareCatalog, ns: argparse.Namespace) -> HardwareCatalog:
+    # Devices with a stored calibration for --engine simulate with its step model; the others stay pure roofline.
+    return calibrated_catalog(catalog, ns.engine, step_model_dir(ns))
+
+
+def _trace_with_prefixes(ns: argparse.Namespace) -> tuple[Trace, list[tuple[str, ...]] | None]:
+    chosen = parse_model_map(ns.trace_model)
+    records = read_trace(ns.trace, ns.trace_format)
+    models = dict.fromkeys(chosen, 0) if chosen else None
+    trace = trace_from_records(records, models)
+    # The same order as trace_from_records: the kept records, stably sorted by arrival.
+    kept = sorted((r for r in records if models is None or r.model in models), key=lambda r: r.timestamp)
+    hashes = [r.prefix_hashes for r in kept]
+    return trace, hashes if any(hashes) else None
 
 
 def simulate_command(ns: argparse.Namespace) -> dict[str, Any]:
     """Run `otela simulate`; returns the JSON document it prints."""
-    device = load_catalog(ns.hardware)[ns.gpu]
+    if not ns.model or not ns.gpu:
+        raise ConfigError("otela simulate needs --model and --gpu")
+    device = _calibrated(load_catalog(ns.hardware), ns)[ns.gpu]
     model = load_model(ns.model)
     spec = ReplicaSpec(model, device, ns.tp, Precision(ns.weights, ns.kv_dtype), _limits(ns))
     spec.check()
     if ns.dp < 1 or ns.rate <= 0:
         raise ConfigError("--dp must be at least 1 and --rate positive")
     rng = np.random.default_rng(ns.seed)
+    prefixes = None
     if ns.trace:
         if ns.speedup <= 0:
             raise ConfigError("--speedup must be positive")
-        chosen = parse_model_map(ns.trace_model)
-        trace = load_trace(ns.trace, fmt=ns.trace_format, models=dict.fromkeys(chosen, 0) if chosen else None)
+        trace, prefixes = _trace_with_prefixes(ns)
         if not len(trace):
             raise ConfigError(
-                f"trace {ns.trace} has no requests" + (" of the chosen models" if chosen else "")
+                f"trace {ns.trace} has no requests" + (" of the chosen models" if ns.trace_model else "")
             )
         trace = Trace(trace.arrival / ns.speedup, trace.input_len, trace.output_len, trace.model * 0)
     elif ns.burst:
@@ -142,17 +211,27 @@ def simulate_command(ns: argparse.Namespace) -> dict[str, Any]:
     else:
         trace = poisson_trace([Workload(model.name, ns.rate, ns.input, ns.output)], ns.duration, rng)
     started = time.perf_counter()
-    result = simulate([spec] * ns.dp, trace)
+    result = simulate([spec] * ns.dp, trace, prefixes=prefixes)
     return {
         "model": model.name,
         "device": device.name,
+        "step_model": None if device.step.is_identity else device.step.to_dict(),
         "tp": ns.tp,
         "dp": ns.dp,
         "kv_capacity_tokens_per_replica": spec.kv_capacity_tokens,
         "metrics": result.metrics(),
+        "prompt_tokens_cached_share": _cached_share(result),
         "simulated_steps": result.steps,
         "wall_seconds": round(time.perf_counter() - started, 4),
     }
+
+
+def _cached_share(result: SimResult) -> float:
+    # The share of prompt tokens the prefix cache served, over requests that finished their prefill.
+    if result.prompt_computed is None or result.prompt_cached is None:
+        return 0.0
+    total = int(result.prompt_computed.sum() + result.prompt_cached.sum())
+    return round(int(result.prompt_cached.sum()) / total, 4) if total else 0.0
 
 
 def _fmt(v: float, unit: str = "s") -> str:
@@ -212,6 +291,7 @@ def plan_workloads(ns: argparse.Namespace) -> list[Workload]:
 def plan_command(ns: argparse.Namespace, show_progress: bool = True) -> dict[str, Any]:
     """Run `otela plan`; returns the JSON document it prints."""
     cluster = Cluster.load(ns.cluster, ns.hardware)
+    cluster = dataclasses.replace(cluster, catalog=_calibrated(cluster.catalog, ns))
     workloads = plan_workloads(ns)
     if ns.table_points < 2:
         raise ConfigError("--table-points must be at least 2")

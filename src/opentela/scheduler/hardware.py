@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from opentela.errors import ConfigError
+from opentela.scheduler.step_model import StepModel
 
 GIB = 1024**3
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "int8")
@@ -37,6 +38,8 @@ class Device:
     memory_efficiency: float = 1.0
     """Fraction of the peak memory bandwidth reached (1.0 where the catalog gives a measured figure)."""
     notes: tuple[str, ...] = field(default=())
+    step: StepModel = field(default_factory=StepModel)
+    """Per-step overhead and per-operator-class efficiencies of the engine on this device (calibration)."""
 
     @property
     def memory_bytes(self) -> float:
@@ -65,6 +68,10 @@ class Device:
         memory = self.memory_efficiency if memory_efficiency is None else memory_efficiency
         return replace(self, efficiency=efficiency, memory_efficiency=memory)
 
+    def with_step(self, step: StepModel) -> Device:
+        """A copy of this device whose steps follow `step` (a calibrated step model)."""
+        return replace(self, step=step)
+
 
 def _device(name: str, raw: Mapping[str, Any], where: str) -> Device:
     try:
@@ -84,6 +91,7 @@ def _device(name: str, raw: Mapping[str, Any], where: str) -> Device:
             source=str(raw.get("source", "")),
             efficiency=float(raw.get("efficiency", 1.0)),
             memory_efficiency=float(raw.get("memory_efficiency", 1.0)),
+            step=StepModel.from_dict(raw.get("step") or {}, f"{where}: device {name}: step"),
         )
     except KeyError as exc:
         raise ConfigError(f"{where}: device {name} lacks the field {exc.args[0]!r}") from None

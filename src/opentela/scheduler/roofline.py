@@ -48,12 +48,21 @@ class Operator:
     dtype: str = "fp16"
     comm_bytes: float = 0.0
     """Bytes each device sends over the interconnect (all-reduce), timed on the link, not on memory."""
+    kind: str = "elementwise"
+    """The operator class whose efficiency applies (`step_model.OPERATOR_CLASSES`)."""
+    rows: float = 0.0
+    """Rows of a matrix product (tokens in the step): its shape class."""
 
     def time(self, device: Device, tp: int = 1) -> float:
-        """Roofline time: the slower of compute and memory traffic, plus any interconnect transfer."""
+        """Roofline time under the device's step model: the slower of compute and memory traffic, or the
+        interconnect transfer of an all-reduce."""
         if self.comm_bytes:
             return allreduce_time(self.comm_bytes, device, tp)
-        return max(self.flops / device.peak(self.dtype), self.bytes / device.bandwidth)
+        return float(
+            device.step.op_time(
+                self.kind, self.flops, self.bytes, self.rows, device.peak(self.dtype), device.bandwidth
+            )
+        )
 
 
 def allreduce_time(nbytes: float, device: Device, tp: int) -> float:
@@ -73,7 +82,12 @@ def _split(heads: int, tp: int) -> float:
 def _linear(name: str, tokens: float, d_in: float, d_out: float, p: Precision, wb: float) -> Operator:
     ab = BYTES_PER_ELEMENT[p.activations]
     return Operator(
-        name, 2 * tokens * d_in * d_out, d_in * d_out * wb + tokens * (d_in + d_out) * ab, p.compute
+        name,
+        2 * tokens * d_in * d_out,
+        d_in * d_out * wb + tokens * (d_in + d_out) * ab,
+        p.compute,
+        kind="matmul",
+        rows=tokens,
     )
 
 
@@ -83,9 +97,11 @@ def layer_operators(
     decode: Sequence[int] = (),
     tp: int = 1,
     precision: Precision = Precision(),
+    cached: Sequence[int] = (),
 ) -> list[Operator]:
-    """The operators of ONE decoder layer for a batch: new prompts of lengths `prefill`, and sequences
-    decoding one token each whose KV caches hold `decode` tokens."""
+    """The operators of ONE decoder layer for a batch: new prompts (or prompt chunks) of lengths `prefill`
+    after `cached` tokens already in their KV caches (a prefix hit or earlier chunks; default none), and
+    sequences decoding one token each whose KV caches hold `decode` tokens."""
     p = precision
     ab, kb, wb = (BYTES_PER_ELEMENT[x] for x in (p.activations, p.kv_cache, p.weights))
     t = float(sum(prefill) + len(decode))
@@ -97,24 +113,26 @@ def layer_operators(
     ops.append(_linear("v_proj", t, h, kv_heads * hd, p, wb))
     if prefill:
         n = np.asarray(prefill, dtype=float)
-        # Causal attention: QK^T and PV each 2*n*n/2*hd per head; flash attention reads q, k, v once, writes o
-        # and the new KV into the cache.
-        flops = float(2 * np.sum(n * n)) * q_heads * hd
+        k = np.asarray(cached, dtype=float) if len(cached) else np.zeros_like(n)
+        # Causal attention: QK^T and PV each 2*n*n/2*hd per head, plus 2*n*k*hd each against the k cached
+        # tokens; flash attention reads q, k, v once and the cached KV, writes o and the new KV into the cache.
+        flops = float(2 * np.sum(n * n + 2 * n * k)) * q_heads * hd
         moved = float(np.sum(n)) * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb)
-        ops.append(Operator("attention_prefill", flops, moved, p.activations))
+        moved += float(np.sum(k)) * 2 * kv_heads * hd * kb
+        ops.append(Operator("attention_prefill", flops, moved, p.activations, kind="attention_prefill"))
     if decode:
         ctx = float(np.sum(np.asarray(decode, dtype=float)))
         # Each decoding sequence reads its whole KV cache: 2 (k, v) x ctx x kv_heads x hd.
         flops = 4 * ctx * q_heads * hd
         moved = 2 * ctx * kv_heads * hd * kb + len(decode) * (2 * q_heads + 2 * kv_heads) * hd * ab
-        ops.append(Operator("attention_decode", flops, moved, p.activations))
+        ops.append(Operator("attention_decode", flops, moved, p.activations, kind="attention_decode"))
     ops.append(_linear("o_proj", t, q_heads * hd, h, p, wb))
     if tp > 1:
-        ops.append(Operator("allreduce_attn", 0.0, 0.0, comm_bytes=t * h * ab))
+        ops.append(Operator("allreduce_attn", 0.0, 0.0, comm_bytes=t * h * ab, kind="communication"))
     ops.append(Operator("post_attention_norm", 4 * t * h, 2 * t * h * ab + h * ab, p.activations))
     ops.extend(mlp_operators(model, t, tp, p, wb))
     if tp > 1:
-        ops.append(Operator("allreduce_mlp", 0.0, 0.0, comm_bytes=t * h * ab))
+        ops.append(Operator("allreduce_mlp", 0.0, 0.0, comm_bytes=t * h * ab, kind="communication"))
     return ops
 
 
@@ -139,6 +157,8 @@ def mlp_operators(model: ModelSpec, t: float, tp: int, p: Precision, wb: float) 
             2 * t * k * 3 * h * inter,
             touched * 3 * h * inter * wb + t * k * (2 * h + 3 * inter) * ab,
             p.compute,
+            kind="matmul",
+            rows=t,
         ),
     ]
 
@@ -164,21 +184,27 @@ def step_time(
     decode: Sequence[int] = (),
     tp: int = 1,
     precision: Precision = Precision(),
+    cached: Sequence[int] = (),
 ) -> float:
-    """Seconds for one forward step of a batch, summing every operator's roofline time."""
-    layer = sum(op.time(device, tp) for op in layer_operators(model, prefill, decode, tp, precision))
+    """Seconds for one forward step of a batch: every operator's roofline time under the device's step
+    model, plus its per-step fixed cost. `cached` gives each prompt's tokens already in the KV cache."""
+    ops = layer_operators(model, prefill, decode, tp, precision, cached=cached)
+    layer = sum(op.time(device, tp) for op in ops)
     sampled = len(prefill) + len(decode)
     tokens = sum(prefill) + len(decode)
     rest = sum(op.time(device, tp) for op in model_operators(model, tokens, sampled, tp, precision))
-    return model.num_layers * layer + rest
+    overhead = device.step.step_overhead_s if sampled else 0.0
+    return model.num_layers * layer + rest + overhead
 
 
 class StepCost:
     """Step time as a function of a batch's aggregate shape, tabulated once so the simulator pays O(1) a step.
 
     Linear layers, norms and all-reduces depend only on the number of tokens in the step; lm_head on the number
-    of sequences sampled; attention on the sum of decode contexts and on the sum of n and n^2 over prompts,
-    because a batched attention kernel is one roofline operator over all sequences.
+    of sequences sampled; attention on the sum of decode contexts, on the sums of n and n^2 over prompt chunks
+    (n^2 + 2nk for a chunk after k cached tokens) and on the cached tokens they read, because a batched
+    attention kernel is one roofline operator over all sequences. The device's step model (efficiencies per
+    operator class, per-step overhead) is folded in.
     """
 
     def __init__(
@@ -191,6 +217,7 @@ class StepCost:
         max_seqs: int = 256,
     ) -> None:
         self.model, self.device, self.tp, self.precision = model, device, tp, precision
+        step = device.step
         layers = model.num_layers
         tokens = np.arange(max_tokens + 1, dtype=float)
         self._per_token = self._tabulate_linear(tokens) * layers + self._embedding(tokens)
@@ -199,14 +226,18 @@ class StepCost:
         q_heads, kv_heads = model.num_heads / tp, _split(model.num_kv_heads, tp)
         hd = model.head_dim
         ab, kb = BYTES_PER_ELEMENT[precision.activations], BYTES_PER_ELEMENT[precision.kv_cache]
-        peak, bw = device.peak(precision.activations), device.bandwidth
-        self._decode_flops_ctx = layers * 4 * q_heads * hd / peak
+        peak, bw = device.peak(precision.activations), device.bandwidth * step.memory
+        decode_peak = peak * step.efficiency("attention_decode")
+        prefill_peak = peak * step.efficiency("attention_prefill")
+        self._decode_flops_ctx = layers * 4 * q_heads * hd / decode_peak
         self._decode_bytes_ctx = layers * 2 * kv_heads * hd * kb / bw
-        self._prefill_flops_n2 = layers * 2 * q_heads * hd / peak
+        self._prefill_flops_n2 = layers * 2 * q_heads * hd / prefill_peak
         self._prefill_bytes_n = (
             layers * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb) / bw
         )
+        self._prefill_bytes_cached = layers * 2 * kv_heads * hd * kb / bw
         self._decode_bytes_seq = layers * (2 * q_heads + 2 * kv_heads) * hd * ab / bw
+        self.overhead = step.step_overhead_s
         self.max_tokens = max_tokens
 
     def _tabulate_linear(self, tokens: np.ndarray) -> np.ndarray:
@@ -228,7 +259,7 @@ class StepCost:
             df, db = b.flops - a.flops, b.bytes - a.bytes
             f0, b0 = a.flops - df, a.bytes - db
             flops, moved = f0 + tokens * df, b0 + tokens * db
-            total += np.maximum(flops / dev.peak(a.dtype), moved / dev.bandwidth)
+            total += dev.step.op_time(a.kind, flops, moved, tokens, dev.peak(a.dtype), dev.bandwidth)
         total[0] = 0.0
         return total
 
@@ -250,7 +281,13 @@ class StepCost:
 
     def _embedding(self, tokens: np.ndarray) -> np.ndarray:
         ab = BYTES_PER_ELEMENT[self.precision.activations]
-        return 2 * tokens * self.model.hidden_size * ab / self.device.bandwidth
+        dev = self.device
+        moved = 2 * tokens * self.model.hidden_size * ab
+        return np.asarray(
+            dev.step.op_time(
+                "elementwise", 0.0, moved, tokens, dev.peak(self.precision.activations), dev.bandwidth
+            )
+        )
 
     def _tabulate_lm_head(self, seqs: np.ndarray) -> np.ndarray:
         m, p, dev = self.model, self.precision, self.device
@@ -260,7 +297,7 @@ class StepCost:
         for a, b in zip(one, two, strict=True):
             df, db = b.flops - a.flops, b.bytes - a.bytes
             flops, moved = a.flops - df + seqs * df, a.bytes - db + seqs * db
-            total += np.maximum(flops / dev.peak(a.dtype), moved / dev.bandwidth)
+            total += dev.step.op_time(a.kind, flops, moved, seqs, dev.peak(a.dtype), dev.bandwidth)
         total[0] = 0.0
         return total
 
@@ -271,17 +308,25 @@ class StepCost:
 
     def decode_times(self, decodes: int, contexts: np.ndarray) -> np.ndarray:
         """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total."""
-        fixed = self._per_token[decodes] + self._lm_head[decodes]
+        fixed = self._per_token[decodes] + self._lm_head[decodes] + self.overhead
         return fixed + np.maximum(
             contexts * self._decode_flops_ctx,
             contexts * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
         )
 
     def time(
-        self, tokens: int, sampled: int, decode_ctx: float, decodes: int, sum_n: float, sum_n2: float
+        self,
+        tokens: int,
+        sampled: int,
+        decode_ctx: float,
+        decodes: int,
+        sum_n: float,
+        sum_n2: float,
+        cached: float = 0.0,
     ) -> float:
         """Seconds for a step of `tokens` new tokens, `sampled` sequences sampled, `decodes` of them decoding
-        with `decode_ctx` cached tokens in total, and prompts with sum n and sum n^2 of their lengths."""
+        with `decode_ctx` cached tokens in total, and prompt chunks with sum n and sum n^2 of their lengths
+        (n^2 + 2nk for a chunk after k cached tokens), reading `cached` tokens of KV in total."""
         if tokens < len(self._per_token):
             t = self._per_token[tokens] + self._lm_head[sampled]
         else:  # a prompt longer than the token budget runs alone; off the table, computed directly
@@ -294,5 +339,8 @@ class StepCost:
                 decode_ctx * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
             )
         if sum_n:
-            t += max(sum_n2 * self._prefill_flops_n2, sum_n * self._prefill_bytes_n)
-        return float(t)
+            t += max(
+                sum_n2 * self._prefill_flops_n2,
+                sum_n * self._prefill_bytes_n + cached * self._prefill_bytes_cached,
+            )
+        return float(t + (self.overhead if tokens else 0.0))

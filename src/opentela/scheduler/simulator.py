@@ -13,8 +13,12 @@ import numpy as np
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import Device
 from opentela.scheduler.models import ModelSpec
+from opentela.scheduler.prefix_cache import BLOCK_TOKENS, PrefixCache
 from opentela.scheduler.roofline import Precision, StepCost
 from opentela.scheduler.workload import Trace
+
+POLICIES = ("fcfs", "spf")
+"""Admission orders: first come first served, shortest prompt first."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,21 @@ class EngineLimits:
     """Fixed host-side cost per step (scheduling, sampling); 0 is the pure roofline."""
     activation_reserve_gib: float = 1.0
     """Per-device memory kept for activations and the runtime, outside the KV cache."""
+    chunked_prefill: bool = False
+    """Split prompts into chunks [enable_chunked_prefill]: every step decodes all running sequences and fills
+    the rest of `max_batched_tokens` with prompt chunks; off, a prompt is prefilled whole in one step."""
+    policy: str = "fcfs"
+    """Order in which waiting requests are admitted: `fcfs` (arrival) or `spf` (shortest prompt first)."""
+    prefix_cache_tokens: int = 0
+    """Tokens of prompt prefix the replica keeps for reuse (LRU over 16-token blocks); 0: no prefix cache."""
+    prefix_hit_ratio: float = 0.0
+    """Without prefix hashes in the trace: the share of every prompt found cached (whole blocks)."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown scheduling policy {self.policy!r}; known: {', '.join(POLICIES)}")
+        if not 0.0 <= self.prefix_hit_ratio <= 1.0 or self.prefix_cache_tokens < 0:
+            raise ConfigError("prefix_hit_ratio must be in [0, 1] and prefix_cache_tokens >= 0")
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,12 @@ class SimResult:
     busy_s: list[float] = field(default_factory=list)
     replica: np.ndarray | None = None
     """Index of the replica each request was routed to (-1: rejected)."""
+    prompt_computed: np.ndarray | None = None
+    """Prompt tokens each request had computed (preempted sequences recompute their output as prompt)."""
+    prompt_cached: np.ndarray | None = None
+    """Prompt tokens each request found in the prefix cache."""
+    decoded_tokens: int = 0
+    """Output tokens produced, over all replicas."""
 
     @property
     def ttft(self) -> np.ndarray:
@@ -153,42 +178,79 @@ class SimResult:
 
 
 class _Replica:
-    """The continuous-batching state machine of one replica (vLLM-style: prefill whole prompts, recompute
-    preempted sequences, newest first)."""
+    """The continuous-batching state machine of one replica (vLLM-style: whole or chunked prefill, optional
+    prefix cache, recompute preempted sequences, newest first)."""
 
     __slots__ = (
         "base",
         "busy_s",
+        "cache",
+        "cached",
         "capacity",
+        "computed",
         "cost",
         "finishing",
+        "hashes",
         "kv",
         "limits",
         "pending",
         "preemptions",
+        "prefilling",
         "running",
         "steps",
+        "tokens_out",
         "version",
         "waiting",
+        "waiting_spf",
     )
 
-    def __init__(self, spec: ReplicaSpec) -> None:
+    def __init__(self, spec: ReplicaSpec, computed: np.ndarray, cached: np.ndarray) -> None:
         spec.check()
         self.cost, self.limits, self.capacity = spec.cost, spec.limits, spec.kv_capacity_tokens
         self.waiting: deque[int] = deque()
+        self.waiting_spf: list[tuple[int, int]] = []  # heap of (prompt tokens to compute, rid)
         self.running: dict[int, None] = {}  # insertion order = admission order
+        self.prefilling: dict[int, int] = {}  # rid -> prompt tokens in the KV cache so far, admission order
         self.base: dict[int, tuple[int, int]] = {}  # rid -> (step index after prefill, tokens generated then)
         self.finishing: list[tuple[int, int, int]] = []  # (finish step, version, rid)
         self.version: dict[int, int] = {}
-        self.pending: list[int] = []  # prefilled in the step now running
+        self.pending: list[
+            tuple[int, int, int]
+        ] = []  # (rid, chunk, tokens before it) in the step now running
+        self.cache = PrefixCache(spec.limits.prefix_cache_tokens // BLOCK_TOKENS)
+        self.hashes: Sequence[Sequence[str]] | None = None
+        self.computed, self.cached = computed, cached
         self.kv = 0
         self.steps = 0
         self.preemptions = 0
+        self.tokens_out = 0
         self.busy_s = 0.0
+
+    def queued(self) -> int:
+        """Requests waiting for admission."""
+        return len(self.waiting) + len(self.waiting_spf)
 
     def outstanding(self) -> int:
         """Requests routed here and not finished."""
-        return len(self.waiting) + len(self.running) + len(self.pending)
+        return self.queued() + len(self.running) + len(self.prefilling)
+
+    def enqueue(self, rid: int, tokens: int, front: bool = False) -> None:
+        """Queue a request for admission (`front`: a preempted one, ahead of the others under FCFS)."""
+        if self.limits.policy == "spf":
+            heapq.heappush(self.waiting_spf, (tokens, rid))
+        elif front:
+            self.waiting.appendleft(rid)
+        else:
+            self.waiting.append(rid)
+
+    def _next(self) -> int:
+        return self.waiting_spf[0][1] if self.waiting_spf else self.waiting[0]
+
+    def _pop(self) -> None:
+        if self.waiting_spf:
+            heapq.heappop(self.waiting_spf)
+        else:
+            self.waiting.popleft()
 
     def generated(self, rid: int) -> int:
         """Tokens a running sequence has generated so far."""
@@ -201,7 +263,7 @@ class _Replica:
         Only valid when nothing waits: then no step admits anyone and each one is fully determined. Returns
         the time they took (0.0 if none)."""
         decodes = len(self.running)
-        if self.waiting or self.pending or not decodes or not self.finishing:
+        if self.queued() or self.pending or self.prefilling or not decodes or not self.finishing:
             return 0.0
         limit = min(self.finishing[0][0] - self.steps - 1, (self.capacity - self.kv) // decodes)
         if limit < 8:  # not worth the NumPy call
@@ -213,13 +275,25 @@ class _Replica:
             return 0.0
         self.steps += n
         self.kv += n * decodes
+        self.tokens_out += n * decodes
         took = float(ends[n - 1])
         self.busy_s += took
         return took
 
+    def _hit(self, rid: int, n: int) -> int:
+        # Cached prompt tokens for a request about to be admitted; the last token is always computed, so that
+        # the step has logits to sample the first output token from.
+        if self.hashes is not None and self.cache.capacity_blocks:
+            h = self.cache.peek(self.hashes[rid]) * BLOCK_TOKENS
+        elif self.limits.prefix_hit_ratio:
+            h = int(self.limits.prefix_hit_ratio * n) // BLOCK_TOKENS * BLOCK_TOKENS
+        else:
+            return 0
+        return max(min(h, n - 1), 0)
+
     def plan_step(self, inp: np.ndarray, gen_done: np.ndarray) -> float:
         """Form the next batch and return its duration (0.0: nothing to run)."""
-        running = self.running
+        running, limits = self.running, self.limits
         # Every decoder needs one more KV slot: preempt the newest sequences until they fit.
         while running and self.kv + len(running) > self.capacity:
             rid, _ = running.popitem()
@@ -227,33 +301,63 @@ class _Replica:
             gen_done[rid] = gen
             self.kv -= int(inp[rid]) + gen
             self.version[rid] = self.version.get(rid, 0) + 1
-            self.waiting.appendleft(rid)
+            self.enqueue(rid, int(inp[rid]) + gen, front=True)
             self.preemptions += 1
         decodes = len(running)
-        budget = self.limits.max_batched_tokens - decodes
-        room = self.capacity - self.kv - decodes
-        sum_n = sum_n2 = 0
-        while self.waiting and decodes + len(self.pending) < self.limits.max_seqs:
-            rid = self.waiting[0]
-            n = int(inp[rid]) + int(gen_done[rid])  # a preempted sequence recomputes what it generated
-            alone = not decodes and not self.pending
-            if (n > budget and not alone) or n + 1 > room:
+        budget = limits.max_batched_tokens - decodes
+        room = self.capacity - self.kv - decodes - len(self.prefilling)
+        chunks = self.pending
+        for rid, done in self.prefilling.items():  # prompts part-way through their chunks go first
+            c = min(int(inp[rid]) + int(gen_done[rid]) - done, budget)
+            if c <= 0:
                 break
-            self.waiting.popleft()
-            self.pending.append(rid)
-            budget -= n
+            chunks.append((rid, c, done))
+            budget -= c
+        while self.queued() and decodes + len(self.prefilling) < limits.max_seqs:
+            rid = self._next()
+            n = int(inp[rid]) + int(gen_done[rid])  # a preempted sequence recomputes what it generated
+            h = self._hit(rid, n)
+            alone = not decodes and not chunks
+            c = min(n - h, budget) if limits.chunked_prefill else n - h
+            if c <= 0 or (c > budget and not alone) or n + 1 > room:
+                break
+            self._pop()
+            if self.hashes is not None and self.cache.capacity_blocks:
+                self.cache.match(self.hashes[rid])
+            self.prefilling[rid] = h
+            self.kv += n  # the whole prompt's KV is reserved at admission
+            self.cached[rid] += h
+            chunks.append((rid, c, h))
+            budget -= c
             room -= n + 1
-            sum_n += n
-            sum_n2 += n * n
-        if not decodes and not self.pending:
+        if not decodes and not chunks:
             return 0.0
-        ctx = self.kv
+        sum_n = sum_n2 = cached = 0
+        completing = 0
+        for rid, c, k in chunks:
+            self.computed[rid] += c
+            sum_n += c
+            sum_n2 += c * c + 2 * c * k
+            cached += k
+            completing += k + c >= int(inp[rid]) + int(gen_done[rid])
         t = (
-            self.cost.time(decodes + sum_n, decodes + len(self.pending), ctx, decodes, sum_n, sum_n2)
-            + self.limits.step_overhead_s
+            self.cost.time(
+                decodes + sum_n,
+                decodes + completing,
+                self.kv - self._reserved(inp, gen_done),
+                decodes,
+                sum_n,
+                sum_n2,
+                cached,
+            )
+            + limits.step_overhead_s
         )
         self.busy_s += t
         return t
+
+    def _reserved(self, inp: np.ndarray, gen_done: np.ndarray) -> int:
+        # KV reserved for prompts still being prefilled is not yet read by the decoders.
+        return sum(int(inp[rid]) + int(gen_done[rid]) for rid in self.prefilling)
 
     def finish_step(
         self,
@@ -264,15 +368,24 @@ class _Replica:
         first: np.ndarray,
         end: np.ndarray,
     ) -> None:
-        """Account for the step that ended at `now`: one token for every decoder and every new prefill."""
+        """Account for the step that ended at `now`: one token for every decoder and every completed prompt."""
         self.kv += len(self.running)
+        self.tokens_out += len(self.running)
         self.steps += 1
         k = self.steps
-        for rid in self.pending:
+        for rid, c, before in self.pending:
+            n = int(inp[rid]) + int(gen_done[rid])
+            if before + c < n:
+                self.prefilling[rid] = before + c
+                continue
+            del self.prefilling[rid]
+            if self.hashes is not None:
+                self.cache.insert(self.hashes[rid])
             gen = int(gen_done[rid]) + 1
+            self.tokens_out += 1
+            self.kv += 1
             if np.isnan(first[rid]):
                 first[rid] = now
-            self.kv += int(inp[rid]) + gen
             if gen >= out[rid]:
                 self.kv -= int(inp[rid]) + gen
                 end[rid] = now
@@ -298,6 +411,7 @@ def simulate(
     groups: Sequence[tuple[int, Sequence[int], float]] | None = None,
     rng: np.random.Generator | None = None,
     fast_forward: bool = True,
+    prefixes: Sequence[Sequence[str]] | None = None,
 ) -> SimResult:
     """Run `trace` through `replicas` until every request finishes.
 
@@ -305,6 +419,8 @@ def simulate(
     with probability proportional to its share, then the replica of that group with the fewest outstanding
     requests. Without groups, every request goes to the least-loaded replica of all. `fast_forward` runs
     stretches of decode-only steps in bulk (the same result up to float rounding; turn it off only to check).
+    `prefixes` gives each request's chained 16-token block hashes (`TraceRecord.prefix_hashes`) for the
+    replicas' prefix caches; without them a cache serves `EngineLimits.prefix_hit_ratio` of every prompt.
     """
     n = len(trace)
     inp, out = trace.input_len, trace.output_len
@@ -312,7 +428,14 @@ def simulate(
     end = np.full(n, np.nan)
     gen_done = np.zeros(n, dtype=np.int64)
     routed = np.full(n, -1, dtype=np.int64)
-    states = [_Replica(spec) for spec in replicas]
+    computed = np.zeros(n, dtype=np.int64)
+    cached = np.zeros(n, dtype=np.int64)
+    states = [_Replica(spec, computed, cached) for spec in replicas]
+    if prefixes is not None:
+        if len(prefixes) != n:
+            raise ConfigError(f"{len(prefixes)} prefix hash lists for {n} requests")
+        for state in states:
+            state.hashes = prefixes
     if groups is None:
         groups = [(int(m), range(len(states)), 1.0) for m in np.unique(trace.model)]
     by_model: dict[int, tuple[list[Sequence[int]], np.ndarray]] = {}
@@ -355,7 +478,7 @@ def simulate(
                 rejected += 1
             else:
                 routed[a] = i
-                states[i].waiting.append(a)
+                states[i].enqueue(a, int(inp[a]))
                 if not active[i]:
                     start(i, now)
             a += 1
@@ -374,4 +497,7 @@ def simulate(
         steps=sum(s.steps for s in states),
         busy_s=[s.busy_s for s in states],
         replica=routed,
+        prompt_computed=computed,
+        prompt_cached=cached,
+        decoded_tokens=sum(s.tokens_out for s in states),
     )

@@ -1,0 +1,315 @@
+"""Calibration: fit a step model to a few measured steps, and store it per (device, engine)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from opentela.engines.profile import PerformanceProfile
+from opentela.errors import ConfigError
+from opentela.scheduler.hardware import Device, HardwareCatalog
+from opentela.scheduler.models import ModelSpec
+from opentela.scheduler.roofline import Precision, step_time
+from opentela.scheduler.step_model import FITTABLE, StepModel
+
+DEFAULT_FREE = ("step_overhead_s", "gemm", "attention_prefill")
+"""What three points fit by default: a short decode step, a mid and a long prefill."""
+
+MAX_POINTS = 3
+"""Calibration stays cheap: at most this many measured steps."""
+
+FP16 = Precision()
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """One measured forward step: prompt chunks (after `cached` tokens each), decoding contexts, seconds."""
+
+    seconds: float
+    prefill: tuple[int, ...] = ()
+    decode: tuple[int, ...] = ()
+    cached: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> StepPoint:
+        """Parse `{"seconds": s, "prefill": [...], "decode": [...], "cached": [...]}`."""
+        try:
+            return cls(
+                float(raw["seconds"]),
+                tuple(int(x) for x in raw.get("prefill", ())),
+                tuple(int(x) for x in raw.get("decode", ())),
+                tuple(int(x) for x in raw.get("cached", ())),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"calibration point {dict(raw)!r}: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping `from_dict` reads."""
+        out: dict[str, Any] = {"seconds": self.seconds}
+        for name in ("prefill", "decode", "cached"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
+        return out
+
+
+def predict(
+    point: StepPoint, model: ModelSpec, device: Device, precision: Precision = FP16, tp: int = 1
+) -> float:
+    """The step time the device's step model predicts for `point`'s batch."""
+    return step_time(model, device, point.prefill, point.decode, tp, precision, cached=point.cached)
+
+
+def _levenberg_marquardt(
+    residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, low: np.ndarray, high: np.ndarray
+) -> tuple[np.ndarray, float]:
+    # A few parameters and points: a dense Levenberg-Marquardt with a forward-difference Jacobian, each
+    # parameter kept in its box; returns the parameters and the sum of squared residuals.
+    x, damping = np.clip(x0.astype(float), low, high), 1e-3
+    r = residuals(x)
+    for _ in range(200):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            dx = np.zeros_like(x)
+            dx[j] = 1e-6
+            jac[:, j] = (residuals(x + dx) - r) / 1e-6
+        grad, hess = jac.T @ r, jac.T @ jac
+        step = np.linalg.solve(hess + damping * (np.diag(np.diag(hess)) + 1e-12 * np.eye(len(x))), -grad)
+        candidate = np.clip(x + np.clip(step, -1.0, 1.0), low, high)
+        r_new = residuals(candidate)
+        if r_new @ r_new < r @ r:
+            done = float(np.max(np.abs(candidate - x))) < 1e-9
+            x, r, damping = candidate, r_new, max(damping / 3, 1e-9)
+            if done:
+                break
+        else:
+            damping *= 4
+            if damping > 1e9:
+                break
+    return x, float(r @ r)
+
+
+def fit_step_model(
+    points: Sequence[StepPoint],
+    model: ModelSpec,
+    device: Device,
+    precision: Precision = FP16,
+    tp: int = 1,
+    free: Sequence[str] = DEFAULT_FREE,
+    base: StepModel | None = None,
+) -> StepModel:
+    """The step model that best matches `points` (relative error, least squares), fitting only `free`.
+
+    Parameters not in `free` keep `base`'s values (the device's current step model by default); the fit
+    uses at most `MAX_POINTS` points and never more parameters than points.
+    """
+    if not 1 <= len(points) <= MAX_POINTS:
+        raise ConfigError(f"calibrate on 1 to {MAX_POINTS} points, not {len(points)}")
+    unknown = set(free) - set(FITTABLE)
+    if unknown or not free or len(free) > len(points):
+        raise ConfigError(
+            f"fit 1 to {len(points)} of {', '.join(FITTABLE)} on {len(points)} points, not {list(free)}"
+        )
+    start = base if base is not None else device.step
+    measured = np.array([p.seconds for p in points])
+    if np.any(measured <= 0):
+        raise ConfigError("measured step times must be positive")
+
+    def model_at(x: np.ndarray) -> StepModel:
+        # Log space keeps efficiencies positive; the overhead is fitted in milliseconds, log(ms + 1e-6).
+        values = {
+            name: (math.exp(v) - 1e-6) / 1e3 if name == "step_overhead_s" else math.exp(v)
+            for name, v in zip(free, x, strict=True)
+        }
+        values["step_overhead_s"] = max(values.get("step_overhead_s", start.step_overhead_s), 0.0)
+        return start.with_values(values)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        dev = device.with_step(model_at(x))
+        predicted = np.array([predict(p, model, dev, precision, tp) for p in points])
+        return np.log(predicted / measured)
+
+    name_is_overhead = np.array([name == "step_overhead_s" for name in free])
+    # Efficiencies within (1e-4, 2] of the catalog's peak; the overhead within (0, 10 s].
+    low = np.where(name_is_overhead, math.log(1e-6), math.log(1e-4))
+    high = np.where(name_is_overhead, math.log(1e4), math.log(2.0))
+    best: tuple[np.ndarray, float] | None = None
+    # The roofline's max() leaves flat regions (a class that turns memory-bound stops answering to its
+    # efficiency): start from a few places and keep the best fit.
+    for eff, ms in ((0.5, 1.0), (0.1, 0.1), (0.9, 5.0)):
+        guess = np.where(name_is_overhead, math.log(ms), math.log(eff))
+        found = _levenberg_marquardt(residuals, guess, low, high)
+        if best is None or found[1] < best[1]:
+            best = found
+        if best[1] < 1e-12:
+            break
+    assert best is not None
+    fitted = model_at(best[0])
+    return replace(fitted, source="fitted on " + ", ".join(_describe(p) for p in points))
+
+
+def _describe(p: StepPoint) -> str:
+    parts = []
+    if p.prefill:
+        parts.append(f"prefill {'+'.join(map(str, p.prefill))}")
+    if p.decode:
+        parts.append(f"decode {len(p.decode)}x{int(np.mean(p.decode))}")
+    return " ".join(parts) + f" = {p.seconds * 1e3:.1f} ms"
+
+
+def profile_points(profile: PerformanceProfile) -> list[StepPoint]:
+    """Every step a performance profile (`otela profile`) measured: prefills (time to first token, one step
+    each) and decode iterations (batch x average context)."""
+    points = [
+        StepPoint(t, prefill=(n,)) for n, t in zip(profile.prefill_lengths, profile.prefill_s, strict=True)
+    ]
+    for batch, row in zip(profile.decode_batches, profile.decode_s, strict=True):
+        for length, t in zip(profile.decode_lengths, row, strict=True):
+            if math.isfinite(t) and t > 0:
+                points.append(StepPoint(t, decode=(length,) * batch))
+    return [p for p in points if math.isfinite(p.seconds) and p.seconds > 0]
+
+
+def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512) -> list[StepPoint]:
+    """The default three calibration points: the smallest decode step, the prefill nearest `mid_prefill`
+    tokens and the longest prefill (what `DEFAULT_FREE` needs to tell its parameters apart)."""
+    decodes = [p for p in points if p.decode and not p.prefill]
+    prefills = [p for p in points if p.prefill and not p.decode]
+    if not decodes or len(prefills) < 2:
+        raise ConfigError("calibration needs at least one decode step and two prefill lengths")
+    small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))
+    longest = max(prefills, key=lambda p: sum(p.prefill))
+    mid = min((p for p in prefills if p is not longest), key=lambda p: abs(sum(p.prefill) - mid_prefill))
+    return [small, mid, longest]
+
+
+PREFILL_GRID = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)
+"""Prompt lengths of the validation grid."""
+DECODE_BATCHES = (1, 2, 4, 8, 16)
+DECODE_CONTEXTS = (64, 512, 1500)
+"""Decode batches and per-sequence contexts of the validation grid."""
+
+
+def validation_grid(
+    prefill: Sequence[int] = PREFILL_GRID,
+    batches: Sequence[int] = DECODE_BATCHES,
+    contexts: Sequence[int] = DECODE_CONTEXTS,
+) -> list[StepPoint]:
+    """The steps to measure (seconds 0.0, to be filled in): every prompt length, every batch x context."""
+    points = [StepPoint(0.0, prefill=(n,)) for n in prefill]
+    points += [StepPoint(0.0, decode=(c,) * b) for c in contexts for b in batches]
+    return points
+
+
+def shape(point: StepPoint) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A point's batch without its time: what to match calibration points by."""
+    return point.prefill, point.decode, point.cached
+
+
+def kind_of(point: StepPoint) -> str:
+    """prefill, cached_prefill (after a prefix hit), decode or mixed."""
+    if point.prefill and point.decode:
+        return "mixed"
+    if point.prefill:
+        return "cached_prefill" if any(point.cached) else "prefill"
+    return "decode"
+
+
+def error_summary(
+    measured: Sequence[StepPoint], predicted: Sequence[float], calibration: Sequence[StepPoint] = ()
+) -> dict[str, dict[str, float]]:
+    """Mean and worst absolute relative error (percent) per kind of step and overall, leaving out the
+    calibration points."""
+    skip = {shape(p) for p in calibration}
+    by_kind: dict[str, list[float]] = {}
+    for point, guess in zip(measured, predicted, strict=True):
+        if shape(point) in skip:
+            continue
+        error = abs(guess / point.seconds - 1) * 100
+        by_kind.setdefault(kind_of(point), []).append(error)
+        by_kind.setdefault("all", []).append(error)
+    return {
+        kind: {
+            "points": float(len(errors)),
+            "mean_abs_pct": round(float(np.mean(errors)), 2),
+            "max_abs_pct": round(float(np.max(errors)), 2),
+        }
+        for kind, errors in by_kind.items()
+    }
+
+
+def default_store() -> Path:
+    """Where calibrations live unless told otherwise: $OTELA_STEP_MODELS, else ~/.config/opentela/step-models."""
+    explicit = os.environ.get("OTELA_STEP_MODELS")
+    if explicit:
+        return Path(explicit)
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "opentela" / "step-models"
+
+
+def _file_name(device: str, engine: str) -> str:
+    safe = [re.sub(r"[^A-Za-z0-9_.-]+", "_", x.lower()) for x in (device, engine)]
+    return f"{safe[0]}--{safe[1]}.json"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted step model with what it was fitted on: one JSON file per (device, engine)."""
+
+    device: str
+    engine: str
+    step: StepModel
+    model: str = ""
+    points: tuple[StepPoint, ...] = field(default=())
+
+    def save(self, directory: Path) -> Path:
+        """Write `<device>--<engine>.json` under `directory`; returns the path."""
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / _file_name(self.device, self.engine)
+        doc = {
+            "device": self.device,
+            "engine": self.engine,
+            "model": self.model,
+            "step_model": self.step.to_dict(),
+            "points": [p.to_dict() for p in self.points],
+        }
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read a file `save` wrote."""
+        try:
+            doc = json.loads(path.read_text())
+            return cls(
+                str(doc["device"]),
+                str(doc["engine"]),
+                StepModel.from_dict(doc["step_model"], str(path)),
+                str(doc.get("model", "")),
+                tuple(StepPoint.from_dict(p) for p in doc.get("points", ())),
+            )
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot read calibration {path}: {exc}") from None
+
+
+def find_calibration(directory: Path, device: str, engine: str) -> Calibration | None:
+    """The stored calibration of (device, engine), or None."""
+    path = directory / _file_name(device, engine)
+    return Calibration.load(path) if path.is_file() else None
+
+
+def calibrated_catalog(catalog: HardwareCatalog, engine: str, directory: Path) -> HardwareCatalog:
+    """`catalog` with every device that has a stored calibration for `engine` carrying its step model."""
+    devices = {}
+    for name in catalog:
+        found = find_calibration(directory, name, engine)
+        device = catalog[name]
+        devices[name] = device.with_step(found.step) if found else device
+    return HardwareCatalog(devices)

@@ -1,0 +1,131 @@
+"""The simulator's validation scripts (benchmarks/): their grids, comparisons and reports, without an engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from opentela.scheduler.calibration import StepPoint, predict
+from opentela.scheduler.hardware import host_cpu_device
+from opentela.scheduler.models import spec_from_config
+from opentela.scheduler.step_model import StepModel
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gpu = script("gpu_validation")
+cpu = script("simulator_validation")
+CPU = host_cpu_device(
+    threads=2, memory_bandwidth_gbs=20.0, cpuinfo="flags : avx512f avx512_vnni\ncpu MHz : 2600"
+)
+TRUTH = StepModel(step_overhead_s=0.004, gemm=0.1, attention_prefill=0.8)
+
+
+def test_gpu_grid_and_tiny_configs() -> None:
+    assert len(gpu.grid()) == 24 and len(gpu.grid(quick=True)) == 7
+    for name in gpu.MODELS:
+        full = spec_from_config(gpu.shipped_config(name), name=name)
+        tiny = spec_from_config(gpu.tiny_config(gpu.shipped_config(name)), name=name)
+        assert full.num_layers >= 28 and tiny.num_layers == 2 and tiny.hidden_size == 64
+        assert tiny.head_dim * tiny.num_heads == 64
+
+
+def test_gpu_comparison_fits_three_points_and_predicts_the_rest() -> None:
+    config = gpu.tiny_config(gpu.shipped_config("Qwen3-1.7B"))
+    spec = spec_from_config(config, name="tiny")
+    truth = CPU.with_step(TRUTH)
+    points = [StepPoint(predict(p, spec, truth, gpu.PRECISION), p.prefill, p.decode) for p in gpu.grid()]
+    result = gpu.compare(points, spec, CPU)
+    assert sum(r["calibration_point"] for r in result["points"]) == 3
+    assert result["summary"]["prefill"]["points"] == 7 and result["summary"]["decode"]["points"] == 14
+    assert result["summary"]["all"]["max_abs_pct"] < 1.0
+
+
+def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
+    model = cpu.load_model(cpu.MODEL_NAME)
+    truth = CPU.with_step(TRUTH)
+    prefill = [
+        {"prompt_tokens": n, "best_ms": 1000 * predict(StepPoint(1, (n,)), model, truth, cpu.PRECISION)}
+        for n in cpu.PREFILL_GRID
+    ]
+    decode = [
+        {
+            "batch": b,
+            "context": c,
+            "best_ms": 1000 * predict(StepPoint(1, (), (c,) * b), model, truth, cpu.PRECISION),
+        }
+        for c in (80, 530, 1520)
+        for b in cpu.DECODE_BATCHES
+    ]
+    hits = [
+        {
+            "cached": k,
+            "new": n,
+            "best_ms": 1000 * predict(StepPoint(1, (n,), (), (k,)), model, truth, cpu.PRECISION),
+        }
+        for k, n in cpu.PREFIX_CHECKS
+    ]
+    points = cpu.as_points(prefill, decode, hits)
+    device, chosen, rows = cpu.compare(points, CPU)
+    assert [c.prefill or c.decode for c in chosen] == [(80,), (512,), (2048,)]
+    assert max(abs(r["error_pct"]) for r in rows) < 1.0
+    summary = cpu.error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
+    assert summary["cached_prefill"]["points"] == 3
+    trace = cpu.mixed_trace(8, rate=0.5, seed=1)
+    simulated = cpu.simulate_mixed(trace, device)
+    assert 0 < simulated["tpot_ms"]["p50"] < simulated["ttft_ms"]["p90"] * 10
+    fake = {"p50": 100.0, "p90": 150.0, "p99": 200.0}
+    doc = {
+        "engine": "test",
+        "device": {
+            "source": "test",
+            "cores": 2,
+            "peak_tops": {"int8": 0.6},
+            "measured_copy_bandwidth_gbs": 20.0,
+        },
+        "step_model": device.step.to_dict(),
+        "points": rows,
+        "summary": summary,
+        "mixed": {
+            "requests": 8,
+            "rate_rps": 0.5,
+            "measured": {"ttft_ms": fake, "tpot_ms": fake},
+            "simulated": simulated,
+            "ttft_ms_p50_error_pct": 1.0,
+            "tpot_ms_p50_error_pct": -2.0,
+        },
+        "gpu_speedups": [],
+        "repeats": 3,
+        "loadavg_before": [0.5, 0.5, 0.5],
+        "loadavg_after": [0.6, 0.6, 0.6],
+    }
+    text = cpu.markdown(doc)
+    assert "prefill 2048 (calibration)" in text and "| cached_prefill (3) |" in text
+    assert "has not been run on a GPU yet" in text
+    doc["gpu"] = {"device": "H100-SXM", "torch_device": "H100", "summary": {"Qwen3-1.7B": summary}}
+    assert "| Qwen3-1.7B | decode (14) |" in cpu.markdown(doc)
+    cpu.plot(doc, tmp_path / "plot.png")
+    assert (tmp_path / "plot.png").stat().st_size > 1000
+
+
+def test_the_gpu_script_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_validation.py"), "--tiny", "--device", "cpu"]
+    subprocess.run([*cmd, "--quick", "--repeats", "1", "--out", str(out)], check=True, timeout=300)
+    assert out.stat().st_size > 0
