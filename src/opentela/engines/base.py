@@ -135,6 +135,14 @@ def module_index(argv: Sequence[str], prefixes: Sequence[str]) -> int | None:
     return None
 
 
+def runs_otela_engine(argv: Sequence[str], engine: str) -> bool:
+    """True for ``otela engine ENGINE ...`` and ``python -m opentela engine ENGINE ...`` (behind any launcher)."""
+    i = module_index(argv, ("opentela",))
+    if i is None:
+        i = program_index(argv, ("otela",))
+    return i is not None and list(argv[i + 1 : i + 3]) == ["engine", engine]
+
+
 def parse_port(value: str, where: str) -> int:
     """Parse a port number found in a command line, with an error that points at it."""
     try:

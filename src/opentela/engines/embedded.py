@@ -13,7 +13,12 @@ from typing import Any
 
 from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
-from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
+from opentela.engines.base import (
+    Engine,
+    EngineSpec,
+    free_port,
+    runs_otela_engine,
+)
 from opentela.errors import ConfigError, EngineUnavailableError
 
 MODEL_ID = "SmolLM2-135M-Instruct"
@@ -138,10 +143,7 @@ class EmbeddedEngine(Engine):
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``otela engine embedded`` and ``python -m opentela engine embedded``."""
-        i = module_index(argv, ("opentela",))
-        if i is None:
-            i = program_index(argv, ("otela",))
-        return i is not None and list(argv[i + 1 : i + 3]) == ["engine", "embedded"]
+        return runs_otela_engine(argv, "embedded")
 
     def build(
         self,

@@ -26,7 +26,12 @@ from aiohttp import web
 
 from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
-from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
+from opentela.engines.base import (
+    Engine,
+    EngineSpec,
+    free_port,
+    runs_otela_engine,
+)
 from opentela.engines.headroom import RequestState, Slo
 from opentela.engines.profile import PerformanceProfile
 from opentela.engines.sim_generation import OWNER, FixedPace, Generation, Pace
@@ -514,10 +519,7 @@ class SimulatedEngine(Engine):
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``otela engine simulated`` and ``python -m opentela engine simulated``."""
-        i = module_index(argv, ("opentela",))
-        if i is None:
-            i = program_index(argv, ("otela",))
-        return i is not None and list(argv[i + 1 : i + 3]) == ["engine", "simulated"]
+        return runs_otela_engine(argv, "simulated")
 
     def build(
         self,

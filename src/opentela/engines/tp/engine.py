@@ -7,7 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from opentela.engines._registry import register_engine
-from opentela.engines.base import Engine, EngineSpec, free_port, module_index, program_index
+from opentela.engines.base import (
+    Engine,
+    EngineSpec,
+    free_port,
+    runs_otela_engine,
+)
 from opentela.errors import ConfigError
 
 _OPTIONS = {
@@ -32,10 +37,7 @@ class TensorParallelEngine(Engine):
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``otela engine tp`` and ``python -m opentela engine tp``."""
-        i = module_index(argv, ("opentela",))
-        if i is None:
-            i = program_index(argv, ("otela",))
-        return i is not None and list(argv[i + 1 : i + 3]) == ["engine", "tp"]
+        return runs_otela_engine(argv, "tp")
 
     def build(
         self,
