@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -16,6 +16,41 @@ from opentela.model.sampling import GREEDY, SamplingParams, sample
 from opentela.model.threads import DEFAULT_THREADS, set_blas_threads
 
 DEFAULT_SPLITS = ((0, 10), (10, 20), (20, 30))
+
+
+def check_generation(prompt_ids: Sequence[int], max_new_tokens: int, context_length: int) -> int:
+    """The cache length a generation needs; ValueError for an empty prompt, no tokens, or too long a total."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be at least 1")
+    max_length = len(prompt_ids) + max_new_tokens
+    if max_length > context_length:
+        raise ValueError(f"{max_length} tokens exceed the model's context of {context_length}")
+    return max_length
+
+
+def generate_tokens(
+    head: ClientHead,
+    run: Callable[[np.ndarray], np.ndarray],
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    sampling: SamplingParams = GREEDY,
+    stop_ids: Iterable[int] = (),
+) -> list[int]:
+    """The reference step pattern: the prompt as one chunk through `run`, then one token per step; logits of the
+    last row only, tokens from one generator seeded by `sampling` (a stop token ends the list, included)."""
+    stops = set(stop_ids)
+    rng = np.random.default_rng(sampling.seed)
+    hidden = head.embed(list(prompt_ids))
+    out: list[int] = []
+    while len(out) < max_new_tokens:
+        token = sample(head.logits(run(hidden)[-1:]).reshape(-1), sampling, rng)
+        out.append(token)
+        if token in stops:
+            break
+        hidden = head.embed([token])
+    return out
 
 
 class LocalPipeline:
@@ -58,29 +93,15 @@ class LocalPipeline:
         stop_ids: Iterable[int] = (),
     ) -> list[int]:
         """New token ids after `prompt_ids` (at most `max_new_tokens`; a token in `stop_ids` ends the list)."""
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if max_new_tokens < 1:
-            raise ValueError("max_new_tokens must be at least 1")
-        max_length = len(prompt_ids) + max_new_tokens
-        if max_length > self.config.context_length:
-            raise ValueError(
-                f"{max_length} tokens exceed the model's context of {self.config.context_length}"
-            )
-        stops = set(stop_ids)
+        max_length = check_generation(prompt_ids, max_new_tokens, self.config.context_length)
         caches = [stack.new_cache(max_length) for stack in self.stacks]
-        rng = np.random.default_rng(sampling.seed)
-        hidden = self.head.embed(list(prompt_ids))
-        out: list[int] = []
-        while len(out) < max_new_tokens:
+
+        def run(hidden: np.ndarray) -> np.ndarray:
             for stack, cache in zip(self.stacks, caches, strict=True):
                 hidden = stack.forward(hidden, cache)
-            token = sample(self.head.logits(hidden[-1:]).reshape(-1), sampling, rng)
-            out.append(token)
-            if token in stops:
-                break
-            hidden = self.head.embed([token])
-        return out
+            return hidden
+
+        return generate_tokens(self.head, run, prompt_ids, max_new_tokens, sampling, stop_ids)
 
     def last_hidden(self, token_ids: Sequence[int]) -> np.ndarray:
         """Hidden states ``[T, hidden]`` after the last block for `token_ids` run as one chunk (no cache kept)."""

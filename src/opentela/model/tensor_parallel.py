@@ -26,7 +26,8 @@ from opentela.model.blocks import rope_tables
 from opentela.model.config import ModelConfig
 from opentela.model.head import ClientHead
 from opentela.model.kv_cache import CacheLayout, SessionCache
-from opentela.model.sampling import GREEDY, SamplingParams, sample
+from opentela.model.local import check_generation, generate_tokens
+from opentela.model.sampling import GREEDY, SamplingParams
 from opentela.model.threads import DEFAULT_THREADS, set_blas_threads
 from opentela.model.weights import GGUFWeights, TensorIndex
 
@@ -260,19 +261,13 @@ class TensorParallelReference:
         stop_ids: Iterable[int] = (),
     ) -> list[int]:
         """New token ids after `prompt_ids` (at most `max_new_tokens`; a token in `stop_ids` ends the list)."""
-        if not prompt_ids or max_new_tokens < 1:
-            raise ValueError("need a non-empty prompt and at least one new token")
-        max_length = len(prompt_ids) + max_new_tokens
+        max_length = check_generation(prompt_ids, max_new_tokens, self.config.context_length)
         caches = [self.blocks.new_head_cache(max_length) for _ in range(self.config.n_kv_heads)]
-        rng = np.random.default_rng(sampling.seed)
-        stops = set(stop_ids)
-        hidden = self.head.embed(list(prompt_ids))
-        out: list[int] = []
-        while len(out) < max_new_tokens:
-            hidden = self.step(hidden, caches)
-            token = sample(self.head.logits(hidden[-1:]).reshape(-1), sampling, rng)
-            out.append(token)
-            if token in stops:
-                break
-            hidden = self.head.embed([token])
-        return out
+        return generate_tokens(
+            self.head,
+            lambda hidden: self.step(hidden, caches),
+            prompt_ids,
+            max_new_tokens,
+            sampling,
+            stop_ids,
+        )
