@@ -36,10 +36,12 @@ from opentela.scheduler.calibration import (
     DECODE_CONTEXTS,
     PREFILL_GRID,
     StepPoint,
+    choose_points,
     error_summary,
     fit_step_model,
     kind_of,
     predict,
+    recipe,
     shape,
 )
 from opentela.scheduler.hardware import Device, builtin_catalog, host_cpu_device
@@ -53,10 +55,13 @@ THREADS = 2
 PARALLEL = max(DECODE_BATCHES)
 SLOT_CTX = 2304  # a 2048-token prompt plus its output fits one slot
 DECODE_TOKENS = 40
-CALIBRATION = (StepPoint(0.0, decode=(64,)), StepPoint(0.0, prefill=(512,)), StepPoint(0.0, prefill=(2048,)))
-"""The three points the step model is fitted on; every other point is a prediction."""
 PREFIX_CHECKS = ((256, 64), (1024, 64), (1024, 256))
 """(cached prefix, new tokens): prefills after a hit in llama.cpp's prompt cache."""
+MIXED_RATE, MIXED_SEED = 0.4, 7
+"""Poisson arrival rate (requests per second) and seed of the continuous-batching run."""
+MIXED_INPUT, MIXED_OUTPUT = (32, 512), (16, 64)
+"""Prompt and output lengths of the continuous-batching run (uniform, inclusive): about half the engine's
+prompt throughput at MIXED_RATE, so queueing does not swamp the step times being checked."""
 MODEL_NAME = "SmolLM2-135M-Instruct"
 PRECISION = Precision(weights="q4_1", kv_cache="fp16", activations="fp32")
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
@@ -144,11 +149,8 @@ def erase_slots(port: int) -> None:
         req = urllib.request.Request(
             f"http://127.0.0.1:{port}/slots/{slot}?action=erase", data=b"{}", method="POST"
         )
-        try:
-            with urllib.request.urlopen(req, timeout=10):
-                pass
-        except OSError:
-            return  # an engine without the slots endpoint: measure as is
+        with urllib.request.urlopen(req, timeout=10):
+            pass  # an HTTP error raises: measuring over stale sequences would be silently wrong
 
 
 def tokenize(port: int, text: str) -> int:
@@ -244,17 +246,20 @@ def measure_decode(
     for context in contexts:
         for b in batches:
             gaps: list[float] = []
-            for r in range(repeats):
-                bodies = [
-                    {
-                        "prompt": prompt_tokens(port, context, 50_000 + 1000 * b + 10 * r + j + context),
-                        "n_predict": DECODE_TOKENS,
-                        "ignore_eos": True,
-                        "cache_prompt": False,
-                    }
-                    for j in range(b)
-                ]
-                erase_slots(port)
+            # Stream j always runs in slot j with the same prompt: the first repeat pays the prefills, later
+            # repeats find them in llama.cpp's prompt cache and go straight to the measured decode steps.
+            bodies = [
+                {
+                    "prompt": prompt_tokens(port, context, 50_000 + 1000 * b + j + context),
+                    "n_predict": DECODE_TOKENS,
+                    "ignore_eos": True,
+                    "cache_prompt": True,
+                    "id_slot": j,
+                }
+                for j in range(b)
+            ]
+            erase_slots(port)
+            for _ in range(repeats):
                 with ThreadPoolExecutor(b) as pool:
                     per_stream = list(pool.map(lambda body: stream_gaps(port, body), bodies))
                 # Skip each stream's first gaps: the other requests' prompts may still be running then.
@@ -275,12 +280,12 @@ def measure_decode(
 
 
 def mixed_trace(requests: int, rate: float, seed: int) -> Trace:
-    """Poisson arrivals, prompts of 64-1024 tokens, outputs of 16-64: the continuous-batching run."""
+    """Poisson arrivals, prompts and outputs uniform over MIXED_INPUT and MIXED_OUTPUT tokens."""
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1 / rate, requests))
     arrival -= arrival[0]
-    inp = rng.integers(64, 1025, requests)
-    out = rng.integers(16, 65, requests)
+    inp = rng.integers(MIXED_INPUT[0], MIXED_INPUT[1] + 1, requests)
+    out = rng.integers(MIXED_OUTPUT[0], MIXED_OUTPUT[1] + 1, requests)
     return Trace(arrival, inp, out, np.zeros(requests, dtype=np.int64))
 
 
@@ -295,7 +300,8 @@ def measure_mixed(port: int, trace: Trace, model_id: str, workdir: Path) -> dict
     out = workdir / "mixed_report.json"
     cmd = [sys.executable, "-m", "opentela", "bench", "load", "--url", f"http://127.0.0.1:{port}/v1"]
     cmd += ["--model", model_id, "--trace", str(path), "--endpoint", "completions", "--ignore-eos"]
-    cmd += ["--no-progress", "--out", str(out)]
+    # Distinct prompts: llama.cpp's prompt cache would otherwise serve every prompt's shared prefix from memory.
+    cmd += ["--distinct-prompts", "--no-progress", "--out", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     report = json.loads(out.read_text())
     return {"ttft_ms": report["ttft_ms"], "tpot_ms": report["tpot_ms"]}
@@ -320,18 +326,13 @@ def as_points(prefill: list[dict], decode: list[dict], hits: list[dict]) -> list
     return points
 
 
-def nearest(points: list[StepPoint], target: StepPoint) -> StepPoint:
-    """The measured point closest in shape to a nominal calibration point (prompts come out a few tokens off)."""
-    same = [p for p in points if kind_of(p) == kind_of(target) and len(p.decode) == len(target.decode)]
-    size = sum(target.prefill) + sum(target.decode)
-    return min(same, key=lambda p: abs(sum(p.prefill) + sum(p.decode) - size))
-
-
 def compare(points: list[StepPoint], raw: Device) -> tuple[Device, list[StepPoint], list[dict]]:
     """Fit on the calibration points, predict every point; the fitted device, the points used, the rows."""
     model = load_model(MODEL_NAME)
-    chosen = [nearest(points, c) for c in CALIBRATION]
-    step = fit_step_model(chosen, model, raw, PRECISION)
+    # The same recipe as `otela simulate calibrate` on a CPU: three points, three parameters.
+    chosen = choose_points(points, kind="cpu")
+    free, base = recipe("cpu", "embedded")
+    step = fit_step_model(chosen, model, raw, PRECISION, free=free, base=base)
     device = raw.with_step(step)
     used = {shape(p) for p in chosen}
     rows = []
@@ -350,8 +351,8 @@ def compare(points: list[StepPoint], raw: Device) -> tuple[Device, list[StepPoin
     return device, chosen, rows
 
 
-def run(repeats: int, quick: bool) -> dict:
-    """Measure, calibrate on three points, predict the rest, compare; also the mixed run."""
+def measure(repeats: int, quick: bool) -> dict:
+    """Run the engine over the grid, the prefix hits and the mixed run; the raw measurements only."""
     from opentela.engines.embedded import MODEL_ID
 
     load_before = os.getloadavg()
@@ -361,8 +362,11 @@ def run(repeats: int, quick: bool) -> dict:
     port = free_port()
     cmd = [sys.executable, "-m", "opentela", "engine", "embedded", "--port", str(port)]
     cmd += ["--threads", str(THREADS), "--parallel", str(PARALLEL), "--ctx-size", str(SLOT_CTX * PARALLEL)]
+    slot_dir = tempfile.TemporaryDirectory()
+    cmd += ["--slot-save-path", slot_dir.name]  # llama.cpp allows /slots/N?action=erase only with one
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    trace = mixed_trace(12 if quick else 60, rate=0.5, seed=7)
+    requests = 12 if quick else 60
+    trace = mixed_trace(requests, rate=MIXED_RATE, seed=MIXED_SEED)
     try:
         wait_ready(port, proc)
         post(port, {"prompt": "warm up", "n_predict": 4})
@@ -374,41 +378,50 @@ def run(repeats: int, quick: bool) -> dict:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    load_after = os.getloadavg()
-    raw = host_cpu_device(threads=THREADS, memory_bandwidth_gbs=bandwidth)
-    points = as_points(prefill, decode, hits)
-    device, chosen, rows = compare(points, raw)
+        slot_dir.cleanup()
+    return {
+        "engine": f"embedded llama.cpp (xllamacpp), {MODEL_NAME} Q4_1, {THREADS} threads, {PARALLEL} slots",
+        "measured_copy_bandwidth_gbs": bandwidth,
+        "points": [p.to_dict() for p in as_points(prefill, decode, hits)],
+        "mixed": {"requests": requests, "rate_rps": MIXED_RATE, "seed": MIXED_SEED, "measured": mixed},
+        "repeats": repeats,
+        "quick": quick,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "platform": platform.platform(),
+    }
+
+
+def analyse(raw: dict) -> dict:
+    """Fit on the calibration points, predict every other point and the mixed run: the report's document."""
+    bandwidth = raw["measured_copy_bandwidth_gbs"]
+    device_raw = host_cpu_device(threads=THREADS, memory_bandwidth_gbs=bandwidth)
+    points = [StepPoint.from_dict(p) for p in raw["points"]]
+    device, chosen, rows = compare(points, device_raw)
+    free, _ = recipe("cpu", "embedded")
     summary = error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
+    mixed = raw["mixed"]
+    trace = mixed_trace(mixed["requests"], rate=mixed["rate_rps"], seed=mixed["seed"])
     simulated = simulate_mixed(trace, device)
     mixed_errors = {
-        f"{metric}_p50_error_pct": 100 * (simulated[metric]["p50"] / mixed[metric]["p50"] - 1)
+        f"{metric}_p50_error_pct": 100 * (simulated[metric]["p50"] / mixed["measured"][metric]["p50"] - 1)
         for metric in ("ttft_ms", "tpot_ms")
     }
     return {
-        "engine": f"embedded llama.cpp (xllamacpp), {MODEL_NAME} Q4_1, {THREADS} threads, {PARALLEL} slots",
+        **raw,
         "device": {
-            "source": raw.source,
-            "cores": raw.cores,
-            "peak_tops": {k: round(v, 4) for k, v in raw.tflops.items()},
+            "source": device_raw.source,
+            "cores": device_raw.cores,
+            "peak_tops": {k: round(v, 4) for k, v in device_raw.tflops.items()},
             "measured_copy_bandwidth_gbs": round(bandwidth, 2),
         },
         "step_model": device.step.to_dict(),
         "calibration_points": [p.to_dict() for p in chosen],
+        "fitted": list(free),
         "points": rows,
         "summary": summary,
-        "mixed": {
-            "requests": len(trace),
-            "rate_rps": 0.5,
-            "measured": mixed,
-            "simulated": simulated,
-            **mixed_errors,
-        },
+        "mixed": {**mixed, "simulated": simulated, **mixed_errors},
         "gpu_speedups": gpu_speedups(),
-        "repeats": repeats,
-        "quick": quick,
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
-        "platform": platform.platform(),
     }
 
 
@@ -480,6 +493,33 @@ def gpu_section(gpu: dict | None) -> list[str]:
     return [*lines, ""]
 
 
+def describe_point(raw: dict) -> str:
+    """A calibration point as the tables name it: "decode 1 x 85 ctx" or "prefill 512"."""
+    if raw.get("decode"):
+        return f"decode {len(raw['decode'])} x {raw['decode'][0]} ctx"
+    cached = f" after {raw['cached'][0]} cached" if raw.get("cached") else ""
+    return f"prefill {raw['prefill'][0]}{cached}"
+
+
+def step_summary(step: dict) -> str:
+    """The fitted step model in words: the overhead and each efficiency that is not the roofline's 1."""
+    parts = [f"per-step overhead **{step['step_overhead_s'] * 1000:.2f} ms**"]
+    names = {
+        "gemm": "matrix products",
+        "gemv": f"products of at most {step['gemv_rows']:g} rows",
+        "attention_prefill": "prompt attention",
+        "attention_decode": "decode attention",
+        "elementwise": "elementwise operators",
+    }
+    for key, name in names.items():
+        value = step.get(key)
+        if value is not None and value != 1.0:
+            parts.append(f"{name} at **{value:.3f}** of peak")
+    if step.get("memory", 1.0) != 1.0:
+        parts.append(f"memory at **{step['memory']:.2f}** of the measured bandwidth")
+    return ", ".join(parts)
+
+
 def markdown(doc: dict) -> str:
     """docs/benchmarks/simulator.md: the speedup table, the CPU validation and what limits it."""
     dev, step = doc["device"], doc["step_model"]
@@ -515,9 +555,11 @@ def markdown(doc: dict) -> str:
         + f"; memory bandwidth {dev['measured_copy_bandwidth_gbs']:.1f} GB/s measured by a 256 MiB copy.",
         "Weights Q4_1, linear layers at the int8 rate, attention in fp32 over an fp16 KV cache.",
         "",
-        "**Calibration, three points** (decode 1x64, prefill 512, prefill 2048): per-step overhead "
-        f"**{step['step_overhead_s'] * 1000:.2f} ms**, matrix products at **{step['gemm']:.3f}** of peak, "
-        f"attention at **{step['attention_prefill']:.3f}** of the fp32 peak; memory at the measured bandwidth. "
+        f"**Calibration, {len(doc['calibration_points'])} points** ("
+        + ", ".join(describe_point(p) for p in doc["calibration_points"])
+        + f"), fitting {', '.join(doc['fitted'])}: "
+        + step_summary(step)
+        + ". ",
         "Every other point is a prediction.",
         "",
         "| points predicted | mean abs. error | worst |",
@@ -551,8 +593,8 @@ def markdown(doc: dict) -> str:
     lines += [
         "",
         f"**Continuous batching** ({mixed['requests']} requests, Poisson at {mixed['rate_rps']} req/s, prompts "
-        "64-1024, outputs 16-64 tokens, through `otela bench load`; the simulator with chunked prefill up to "
-        "llama.cpp's 2048-token batch):",
+        f"{MIXED_INPUT[0]}-{MIXED_INPUT[1]}, outputs {MIXED_OUTPUT[0]}-{MIXED_OUTPUT[1]} tokens, distinct prompts, "
+        "through `otela bench load`; the simulator with chunked prefill up to llama.cpp's 2048-token batch):",
         "",
         "| metric | measured p50 | simulated p50 | error | measured p90 | simulated p90 |",
         "|---|---:|---:|---:|---:|---:|",
@@ -585,16 +627,45 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="a small grid and a short mixed run (a smoke test)"
     )
-    parser.add_argument("--render", metavar="JSON", help="only rewrite simulator.md from a saved result")
+    parser.add_argument(
+        "--reanalyse",
+        metavar="JSON",
+        help="skip the measurements: fit and predict again from a saved result's raw points and rewrite the report",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where the report goes"
+    )
     args = parser.parse_args()
-    out = ROOT / "docs" / "benchmarks"
-    if args.render:
-        doc = json.loads(Path(args.render).read_text())
-        (out / "simulator.md").write_text(markdown(doc))
-        plot(doc, out / "simulator_validation.png")
-        return
-    doc = run(args.repeats, args.quick)
-    gpu = out / "gpu_validation.json"
+    out = args.out
+    if args.reanalyse:
+        raw = json.loads(Path(args.reanalyse).read_text())
+        raw["points"] = [
+            {k: v for k, v in p.items() if k in ("seconds", "prefill", "decode", "cached")}
+            for p in raw["points"]
+        ]
+        raw["mixed"] = {
+            "seed": MIXED_SEED,
+            **{k: raw["mixed"][k] for k in ("requests", "rate_rps", "measured")},
+        }
+        keep = (
+            "engine",
+            "points",
+            "mixed",
+            "repeats",
+            "quick",
+            "loadavg_before",
+            "loadavg_after",
+            "platform",
+        )
+        raw = {k: raw[k] for k in keep if k in raw} | {
+            "measured_copy_bandwidth_gbs": raw["device"]["measured_copy_bandwidth_gbs"]
+            if "device" in raw
+            else raw["measured_copy_bandwidth_gbs"]
+        }
+        doc = analyse(raw)
+    else:
+        doc = analyse(measure(args.repeats, args.quick))
+    gpu = ROOT / "docs" / "benchmarks" / "gpu_validation.json"
     if gpu.exists():
         doc["gpu"] = json.loads(gpu.read_text())
     out.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,8 @@ class LoadSettings:
     headers: dict[str, str] = field(default_factory=dict)
     timeout: float = 600.0
     ignore_eos: bool = False
+    distinct_prompts: bool = False
+    """Give every request its own random words instead of one repeated word (no shared prefixes)."""
 
     def request_url(self) -> str:
         """The POST target."""
@@ -46,7 +48,11 @@ class LoadSettings:
 
     def body(self, planned: PlannedRequest) -> dict[str, Any]:
         """The JSON body of one request."""
-        prompt = prompt_of(planned.input_tokens)
+        # The salt depends only on the planned request, so a replay sends the same prompts again.
+        salt = (
+            hash((planned.at, planned.input_tokens, planned.output_tokens)) if self.distinct_prompts else None
+        )
+        prompt = prompt_of(planned.input_tokens, salt)
         body: dict[str, Any] = {"model": self.model, "max_tokens": planned.output_tokens}
         if self.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt}]
@@ -232,6 +238,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--endpoint", choices=["chat", "completions"], default="chat")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (TTFT = E2E)")
     p.add_argument("--ignore-eos", action="store_true", help="ask vLLM/SGLang for exactly max_tokens")
+    p.add_argument(
+        "--distinct-prompts",
+        action="store_true",
+        help="random words per request, so no two prompts share a prefix (default: one repeated word, which a "
+        "prefix cache serves from memory after the first request)",
+    )
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", ""), help="bearer token")
     p.add_argument("--header", action="append", default=[], metavar="K:V", help="extra header (repeatable)")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
@@ -287,6 +299,7 @@ def settings_from_args(args: argparse.Namespace) -> LoadSettings:
         headers=headers,
         timeout=args.timeout,
         ignore_eos=args.ignore_eos,
+        distinct_prompts=args.distinct_prompts,
     )
 
 

@@ -110,6 +110,23 @@ def trace_plan(
     return plan[:count] if count is not None else plan
 
 
-def prompt_of(tokens: int) -> str:
-    """A prompt of about `tokens` tokens for common tokenizers (and for the four-characters-a-token estimate)."""
-    return "the " * tokens
+COMMON_WORDS = (
+    "time year people way day man thing woman life child world school state family student group country "
+    "problem hand part place case week company system program question work government number night point "
+    "home water room mother area money story fact month lot right study book eye job word business issue "
+    "side kind head house service friend father power hour game line end member law car city name"
+).split()
+"""Words that common tokenizers keep as one token each (with their leading space)."""
+
+
+def prompt_of(tokens: int, salt: int | None = None) -> str:
+    """A prompt of about `tokens` tokens for common tokenizers (and for the four-characters-a-token estimate).
+
+    Without `salt` every prompt is the same word repeated, so prompts share their prefixes (what a prefix cache
+    keeps); with one, the words are drawn at random from `COMMON_WORDS` seeded by it, so two prompts share
+    almost no prefix.
+    """
+    if salt is None:
+        return "the " * tokens
+    rng = random.Random(salt)
+    return " ".join(rng.choices(COMMON_WORDS, k=tokens)) + " "

@@ -38,10 +38,12 @@ from opentela.fabric.messages import read_msg, write_msg
 from opentela.node.agent import NodeAgent
 from opentela.registry.record import NodeRecord
 from opentela.scheduler.bprr.spec_file import rtt_table
+from opentela.scheduler.calibration import calibrated_catalog, default_store
 from opentela.scheduler.controller import FleetController
 from opentela.scheduler.drift import Measurement, Replan, measure
 from opentela.scheduler.fleet import ReplicaAssignment
 from opentela.scheduler.fleet_catalog import FleetCatalog, load_fleet_catalog
+from opentela.scheduler.hardware import builtin_catalog
 from opentela.scheduler.pipeline_control import BlockAssignment, PipelineController
 from opentela.scheduler.serverless import ServerlessController
 from opentela.scheduler.workload import Workload, workloads_from_trace
@@ -56,6 +58,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of `otela controller`."""
     p.add_argument("--ingress", default="http://127.0.0.1:8092", metavar="URL", help="an ingress of the mesh")
     p.add_argument("--catalog", metavar="FILE", help="models to serve: YAML catalog (see docs/scheduler.md)")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="engine whose stored calibrations (otela simulate calibrate) the planner applies per device "
+        "(default vllm; devices without one are planned on the plain roofline)",
+    )
+    p.add_argument(
+        "--step-models",
+        metavar="DIR",
+        help="directory of calibrations (default $OTELA_STEP_MODELS or ~/.config/opentela/step-models)",
+    )
     p.add_argument(
         "--trace",
         metavar="FILE",
@@ -501,6 +514,13 @@ def _config(args: argparse.Namespace) -> OtelaConfig:
     return dataclasses.replace(config, node=dataclasses.replace(config.node, **node))
 
 
+def with_calibrations(catalog: FleetCatalog, engine: str, step_models: str | None) -> FleetCatalog:
+    """`catalog` planning on devices that carry the stored calibration of `engine` where one exists."""
+    store = Path(step_models) if step_models else default_store()
+    hardware = calibrated_catalog(catalog.hardware or builtin_catalog(), engine, store)
+    return dataclasses.replace(catalog, hardware=hardware)
+
+
 async def run_controller(args: argparse.Namespace) -> int:
     """`otela controller`: join the mesh, then assign catalog models to idle workers round after round."""
     identity = controller_identity(args.key_file)
@@ -509,7 +529,7 @@ async def run_controller(args: argparse.Namespace) -> int:
         return 0
     if not args.catalog:
         raise ConfigError("--catalog FILE is required (models, engine command templates, workloads)")
-    catalog = load_fleet_catalog(args.catalog)
+    catalog = with_calibrations(load_fleet_catalog(args.catalog), args.engine, args.step_models)
     if args.trace:
         catalog = catalog_with_trace(catalog, read_trace(args.trace, args.trace_format), args.speedup)
     usage = None

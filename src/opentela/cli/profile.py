@@ -26,6 +26,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "hardware catalog name, see `otela plan --help`); --model is then a model catalog name or config.json",
     )
     p.add_argument("--model", required=True, help="model id as the engine serves it")
+    p.add_argument(
+        "--engine",
+        default="vllm",
+        help="with --simulate: the engine whose stored calibration for DEVICE applies, if any (default vllm)",
+    )
+    p.add_argument(
+        "--step-models",
+        metavar="DIR",
+        help="with --simulate: directory of calibrations (default $OTELA_STEP_MODELS or "
+        "~/.config/opentela/step-models)",
+    )
     p.add_argument("--out", metavar="FILE", help="profile file to write (default: profile-MODEL-DEVICE.json)")
     p.add_argument(
         "--device",
@@ -139,13 +150,16 @@ async def _measure(args: argparse.Namespace, device: str, hardware: str) -> Perf
 def _simulated(args: argparse.Namespace) -> PerformanceProfile:
     """The roofline's profile of `args.model` on `args.simulate` (for hardware not at hand)."""
     from opentela.errors import ConfigError
+    from opentela.scheduler.calibration import default_store, find_calibration
     from opentela.scheduler.hardware import builtin_catalog
     from opentela.scheduler.llm_mesh.profiles import simulated_profile
 
     catalog = builtin_catalog()
     if args.simulate not in catalog:
         raise ConfigError(f"unknown device {args.simulate!r}; known: {', '.join(sorted(catalog))}")
-    return simulated_profile(args.model, args.simulate)
+    store = Path(args.step_models) if args.step_models else default_store()
+    found = find_calibration(store, args.simulate, args.engine)
+    return simulated_profile(args.model, args.simulate, found.step if found else None)
 
 
 def run(args: argparse.Namespace) -> int:

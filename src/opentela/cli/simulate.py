@@ -63,6 +63,7 @@ def calibrate_command(ns: argparse.Namespace) -> dict[str, Any]:
         fit_step_model,
         predict,
         profile_points,
+        recipe,
     )
     from opentela.scheduler.hardware import load_catalog
     from opentela.scheduler.models import load_model
@@ -75,8 +76,9 @@ def calibrate_command(ns: argparse.Namespace) -> dict[str, Any]:
     precision = Precision(ns.weights, ns.kv_dtype)
     profile = PerformanceProfile.load(Path(ns.profile)) if ns.profile else _measure(ns, device.kind)
     points = profile_points(profile)
-    chosen = choose_points(points)
-    step = fit_step_model(chosen, model, device, precision, ns.tp)
+    chosen = choose_points(points, kind=device.kind)
+    free, base = recipe(device.kind, ns.engine)
+    step = fit_step_model(chosen, model, device, precision, ns.tp, free=free, base=base)
     path = Calibration(device.name, ns.engine, step, model.name, tuple(chosen)).save(step_model_dir(ns))
     fitted = device.with_step(step)
     check = [
@@ -92,6 +94,7 @@ def calibrate_command(ns: argparse.Namespace) -> dict[str, Any]:
         "step_model": step.to_dict(),
         "stored": str(path),
         "calibration_points": [p.to_dict() for p in chosen],
+        "fitted": list(free),
         "check_points": check,
         "mean_abs_error_pct": round(100 * sum(errors) / len(errors), 1) if errors else None,
         "max_abs_error_pct": round(100 * max(errors), 1) if errors else None,

@@ -56,12 +56,14 @@ def run_embedded(
     ctx_size: int | None = None,
     embeddings: bool = False,
     model_path: str | Path | None = None,
+    slot_save_path: str | Path | None = None,
 ) -> None:
     """Serve the embedded model on host:port (0: any free port) until SIGINT or SIGTERM, then stop cleanly.
 
     `parallel` is the number of sequences decoded together (continuous batching); `ctx_size` defaults
     to 2048 tokens per slot. `embeddings` turns llama.cpp into an embeddings-only server, so it stays off
-    and /v1/embeddings answers 501.
+    and /v1/embeddings answers 501. `slot_save_path` enables llama.cpp's slot actions
+    (``POST /slots/N?action=save|restore|erase``), which it refuses without a directory to save into.
     """
     try:
         import xllamacpp
@@ -79,6 +81,10 @@ def run_embedded(
     params.port = port
     params.endpoint_metrics = True
     params.embedding = embeddings
+    if slot_save_path is not None:
+        Path(slot_save_path).mkdir(parents=True, exist_ok=True)
+        # llama.cpp joins the file name to this string without a separator.
+        params.slot_save_path = str(slot_save_path).rstrip("/") + "/"
 
     stop = threading.Event()
     restore_signals = on_stop_signals(stop.set)
@@ -112,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallel", type=int, default=2, help="sequences decoded together (default 2)")
     parser.add_argument("--ctx-size", type=int, default=None, help="total context, split across slots")
     parser.add_argument("--embeddings", action="store_true", help="embeddings-only mode (off by default)")
+    parser.add_argument(
+        "--slot-save-path",
+        default=None,
+        metavar="DIR",
+        help="directory for llama.cpp's slot save/restore; also enables /slots/N?action=erase (default: off)",
+    )
 
 
 def run_from_args(ns: argparse.Namespace) -> None:
@@ -123,6 +135,7 @@ def run_from_args(ns: argparse.Namespace) -> None:
         parallel=ns.parallel,
         ctx_size=ns.ctx_size,
         embeddings=ns.embeddings,
+        slot_save_path=ns.slot_save_path,
     )
 
 

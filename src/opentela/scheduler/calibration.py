@@ -21,7 +21,20 @@ from opentela.scheduler.roofline import Precision, step_time
 from opentela.scheduler.step_model import FITTABLE, StepModel
 
 DEFAULT_FREE = ("step_overhead_s", "gemm", "attention_prefill")
-"""What three points fit by default: a short decode step, a mid and a long prefill."""
+"""What three points fit on a GPU: a short decode step, a mid and a long prefill."""
+
+CPU_FREE = ("gemv", "gemm", "attention_decode")
+"""What three points fit on a CPU: the smallest decode step (the vector kernel), the decode step holding the most
+context (decode attention, which CPU kernels run far below their matrix rate) and a mid-sized prefill (the
+matrix kernel)."""
+
+LLAMA_CPP_ENGINES = frozenset({"embedded", "llama.cpp", "llamacpp", "llama-cpp", "llama-server"})
+"""Engine names that run llama.cpp's kernels."""
+
+LLAMA_CPP_CPU = StepModel(gemv_rows=3)
+"""llama.cpp's CPU backend multiplies activation rows in groups of four with its tiled matrix kernel and the
+rest with its vector kernel, so a product of at most three rows runs at the vector rate: a property of the
+kernels, not fitted."""
 
 MAX_POINTS = 3
 """Calibration stays cheap: at most this many measured steps."""
@@ -70,16 +83,18 @@ def predict(
 def _levenberg_marquardt(
     residuals: Callable[[np.ndarray], np.ndarray], x0: np.ndarray, low: np.ndarray, high: np.ndarray
 ) -> tuple[np.ndarray, float]:
-    # A few parameters and points: a dense Levenberg-Marquardt with a forward-difference Jacobian, each
+    # A few parameters and points: a dense Levenberg-Marquardt with a finite-difference Jacobian, each
     # parameter kept in its box; returns the parameters and the sum of squared residuals.
     x, damping = np.clip(x0.astype(float), low, high), 1e-3
     r = residuals(x)
     for _ in range(200):
         jac = np.empty((len(r), len(x)))
         for j in range(len(x)):
+            # Central differences: at a kink of the roofline's max() a one-sided difference can see a flat side
+            # and never move the parameter off it.
             dx = np.zeros_like(x)
-            dx[j] = 1e-6
-            jac[:, j] = (residuals(x + dx) - r) / 1e-6
+            dx[j] = 1e-4
+            jac[:, j] = (residuals(x + dx) - residuals(x - dx)) / 2e-4
         grad, hess = jac.T @ r, jac.T @ jac
         step = np.linalg.solve(hess + damping * (np.diag(np.diag(hess)) + 1e-12 * np.eye(len(x))), -grad)
         candidate = np.clip(x + np.clip(step, -1.0, 1.0), low, high)
@@ -143,8 +158,11 @@ def fit_step_model(
     best: tuple[np.ndarray, float] | None = None
     # The roofline's max() leaves flat regions (a class that turns memory-bound stops answering to its
     # efficiency): start from a few places and keep the best fit.
-    for eff, ms in ((0.5, 1.0), (0.1, 0.1), (0.9, 5.0)):
-        guess = np.where(name_is_overhead, math.log(ms), math.log(eff))
+    # Distinct starting efficiencies per parameter: where two classes tie inside a max(), a forward difference
+    # sees no change in either and the fit would never separate them.
+    spread = -np.log(0.7) * np.arange(len(free))
+    for eff, ms in ((0.5, 1.0), (0.1, 0.1), (0.9, 5.0), (0.02, 0.5)):
+        guess = np.where(name_is_overhead, math.log(ms), math.log(eff) + spread)
         found = _levenberg_marquardt(residuals, guess, low, high)
         if best is None or found[1] < best[1]:
             best = found
@@ -177,11 +195,33 @@ def profile_points(profile: PerformanceProfile) -> list[StepPoint]:
     return [p for p in points if math.isfinite(p.seconds) and p.seconds > 0]
 
 
-def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512) -> list[StepPoint]:
-    """The default three calibration points: the smallest decode step, the prefill nearest `mid_prefill`
-    tokens and the longest prefill (what `DEFAULT_FREE` needs to tell its parameters apart)."""
+def recipe(kind: str, engine: str) -> tuple[tuple[str, ...], StepModel | None]:
+    """What a calibration of `engine` on a device of `kind` (cpu or gpu) fits, and the step model it starts
+    from (None: the device's own)."""
+    if kind != "cpu":
+        return DEFAULT_FREE, None
+    return CPU_FREE, LLAMA_CPP_CPU if engine.lower() in LLAMA_CPP_ENGINES else None
+
+
+def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512, kind: str = "gpu") -> list[StepPoint]:
+    """The three calibration points `recipe` needs for a device of `kind`.
+
+    GPU: the smallest decode step, the prefill nearest `mid_prefill` tokens and the longest prefill (what
+    `DEFAULT_FREE` needs to tell its parameters apart). CPU: the smallest decode step, the decode step with the
+    most context in total and the prefill nearest the geometric middle of the prefill lengths, the longer of two
+    equally near (`CPU_FREE`).
+    """
     decodes = [p for p in points if p.decode and not p.prefill]
-    prefills = [p for p in points if p.prefill and not p.decode]
+    prefills = [p for p in points if p.prefill and not p.decode and not any(p.cached)]
+    if kind == "cpu":
+        if len(decodes) < 2 or not prefills:
+            raise ConfigError("calibration on a CPU needs two decode steps and a prefill")
+        small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))
+        most = max((p for p in decodes if p is not small), key=lambda p: (sum(p.decode), len(p.decode)))
+        lengths = [sum(p.prefill) for p in prefills]
+        middle = math.sqrt(min(lengths) * max(lengths))
+        mid = min(prefills, key=lambda p: (abs(math.log(sum(p.prefill) / middle)), -sum(p.prefill)))
+        return [small, most, mid]
     if not decodes or len(prefills) < 2:
         raise ConfigError("calibration needs at least one decode step and two prefill lengths")
     small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))

@@ -146,3 +146,19 @@ def test_cli_runs_against_an_engine_process(tmp_path: Path) -> None:
         engine.terminate()
         engine.wait(10)
         engine.stdout.close()  # type: ignore[union-attr]
+
+
+def test_distinct_prompts_share_no_prefix_and_replay_the_same() -> None:
+    from opentela.bench.workload import COMMON_WORDS
+
+    shared = LoadSettings(url="http://127.0.0.1:1/v1", model="m", endpoint="completions")
+    distinct = LoadSettings(
+        url="http://127.0.0.1:1/v1", model="m", endpoint="completions", distinct_prompts=True
+    )
+    a, b = PlannedRequest(0.0, 200, 8), PlannedRequest(0.5, 200, 8)
+    assert shared.body(a)["prompt"] == shared.body(b)["prompt"]  # one repeated word: a prefix cache hits
+    first, second = distinct.body(a)["prompt"].split(), distinct.body(b)["prompt"].split()
+    assert len(first) == len(second) == 200 and set(first) | set(second) <= set(COMMON_WORDS)
+    common = next(i for i, (x, y) in enumerate(zip(first, second, strict=True)) if x != y)
+    assert common < 8  # random words: the two prompts part within a few words
+    assert distinct.body(a)["prompt"] == distinct.body(PlannedRequest(0.0, 200, 8))["prompt"]

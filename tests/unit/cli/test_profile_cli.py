@@ -102,3 +102,24 @@ def test_a_profile_for_hardware_not_at_hand_comes_from_the_roofline(tmp_path: Pa
     assert unknown.returncode == 2 and "unknown device 'TPU-v9'" in unknown.stderr
     neither = otela_profile("--model", "m", cwd=tmp_path)
     assert neither.returncode == 2 and "--url --simulate" in neither.stderr
+
+
+def test_a_simulated_profile_applies_the_stored_calibration_of_its_engine(tmp_path: Path) -> None:
+    from opentela.scheduler.calibration import Calibration, StepPoint
+    from opentela.scheduler.step_model import StepModel
+
+    slow = StepModel(step_overhead_s=0.05, gemm=0.2, attention_prefill=0.5, source="test")
+    point = (StepPoint(0.06, decode=(64,)),)
+    Calibration("A100-80G", "sglang", slow, "Llama-2-7b-hf", point).save(tmp_path / "cal")
+    args = ("--simulate", "A100-80G", "--model", "Llama-2-7b-hf", "--step-models", str(tmp_path / "cal"))
+    plain = otela_profile(*args, "--out", "plain.json", cwd=tmp_path)  # vllm: no calibration stored
+    calibrated = otela_profile(*args, "--engine", "sglang", "--out", "cal.json", cwd=tmp_path)
+    assert plain.returncode == 0 and calibrated.returncode == 0, plain.stderr + calibrated.stderr
+    before, after = (
+        PerformanceProfile.load(tmp_path / "plain.json"),
+        PerformanceProfile.load(tmp_path / "cal.json"),
+    )
+    assert "efficiency" in before.meta and after.meta["step_model"]["step_overhead_s"] == 0.05
+    # Every step pays the calibrated 50 ms overhead, far above the paper setting's 3 ms.
+    assert after.decode_time(1, 256) > 0.05 > before.decode_time(1, 256)
+    assert after.prefill_time(2048) > before.prefill_time(2048)

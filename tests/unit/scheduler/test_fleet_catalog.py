@@ -12,7 +12,7 @@ import yaml
 from aiohttp import web
 
 from loopback_http import serve_app
-from opentela.cli.controller import ObservedRates, observed_by_workload, request_counts
+from opentela.cli.controller import ObservedRates, observed_by_workload, request_counts, with_calibrations
 from opentela.errors import ConfigError
 from opentela.gateway.metrics import GatewayMetrics
 from opentela.scheduler.fleet_catalog import load_fleet_catalog, parse_fleet_catalog
@@ -128,3 +128,17 @@ async def test_observed_rates_are_counter_changes_over_time() -> None:
 def test_the_shipped_example_catalog_is_valid() -> None:
     catalog = load_fleet_catalog(Path(__file__).parents[3] / "deploy/controller/catalog.yaml")
     assert {m.id for m in catalog.models} >= {"Qwen/Qwen3-1.7B", "SmolLM2-135M-Instruct"}
+
+
+def test_the_controller_plans_on_the_stored_calibrations_of_its_engine(tmp_path: Path) -> None:
+    from opentela.scheduler.calibration import Calibration, StepPoint
+    from opentela.scheduler.step_model import StepModel
+
+    catalog = load_fleet_catalog(Path(__file__).parents[3] / "deploy/controller/catalog.yaml")
+    step = StepModel(step_overhead_s=0.02, gemm=0.3, source="test")
+    Calibration("H100-SXM", "sglang", step, "", (StepPoint(0.03, decode=(64,)),)).save(tmp_path)
+    planned = with_calibrations(catalog, "sglang", str(tmp_path))
+    assert planned.hardware is not None and planned.hardware["H100-SXM"].step == step
+    assert planned.hardware["A100-80G"].step.is_identity  # no calibration stored: the plain roofline
+    assert with_calibrations(catalog, "vllm", str(tmp_path)).hardware["H100-SXM"].step.is_identity
+    assert planned.models == catalog.models

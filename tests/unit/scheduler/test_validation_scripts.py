@@ -33,6 +33,8 @@ CPU = host_cpu_device(
     threads=2, memory_bandwidth_gbs=20.0, cpuinfo="flags : avx512f avx512_vnni\ncpu MHz : 2600"
 )
 TRUTH = StepModel(step_overhead_s=0.004, gemm=0.1, attention_prefill=0.8)
+CPU_TRUTH = StepModel(gemv_rows=3, gemv=0.05, gemm=0.1, attention_decode=0.04)
+"""In the family the CPU recipe fits: llama.cpp's three vector rows, three efficiencies."""
 
 
 def test_gpu_grid_and_tiny_configs() -> None:
@@ -57,7 +59,7 @@ def test_gpu_comparison_fits_three_points_and_predicts_the_rest() -> None:
 
 def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
     model = cpu.load_model(cpu.MODEL_NAME)
-    truth = CPU.with_step(TRUTH)
+    truth = CPU.with_step(CPU_TRUTH)
     prefill = [
         {"prompt_tokens": n, "best_ms": 1000 * predict(StepPoint(1, (n,)), model, truth, cpu.PRECISION)}
         for n in cpu.PREFILL_GRID
@@ -81,8 +83,14 @@ def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
     ]
     points = cpu.as_points(prefill, decode, hits)
     device, chosen, rows = cpu.compare(points, CPU)
-    assert [c.prefill or c.decode for c in chosen] == [(80,), (512,), (2048,)]
+    # The smallest decode step, the one holding the most context, the prefill at the grid's geometric middle.
+    assert [(c.prefill, len(c.decode), sum(c.decode)) for c in chosen] == [
+        ((), 1, 80),
+        ((), 16, 16 * 1520),
+        ((256,), 0, 0),
+    ]
     assert max(abs(r["error_pct"]) for r in rows) < 1.0
+    assert device.step.gemv_rows == 3 and abs(device.step.gemv_efficiency / 0.05 - 1) < 0.01
     summary = cpu.error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
     assert summary["cached_prefill"]["points"] == 3
     trace = cpu.mixed_trace(8, rate=0.5, seed=1)
@@ -98,6 +106,8 @@ def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
             "measured_copy_bandwidth_gbs": 20.0,
         },
         "step_model": device.step.to_dict(),
+        "calibration_points": [c.to_dict() for c in chosen],
+        "fitted": ["gemv", "gemm", "attention_decode"],
         "points": rows,
         "summary": summary,
         "mixed": {
@@ -114,10 +124,11 @@ def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
         "loadavg_after": [0.6, 0.6, 0.6],
     }
     text = cpu.markdown(doc)
-    assert "prefill 2048 (calibration)" in text and "| cached_prefill (3) |" in text
+    assert "prefill 256 (calibration)" in text and "| cached_prefill (3) |" in text
+    assert "decode 16 x 1520 ctx, prefill 256), fitting gemv, gemm, attention_decode" in text
     assert "has not been run on a GPU yet" in text
     doc["gpu"] = {"device": "H100-SXM", "torch_device": "H100", "summary": {"Qwen3-1.7B": summary}}
-    assert "| Qwen3-1.7B | decode (14) |" in cpu.markdown(doc)
+    assert "| Qwen3-1.7B | decode (13) |" in cpu.markdown(doc)
     cpu.plot(doc, tmp_path / "plot.png")
     assert (tmp_path / "plot.png").stat().st_size > 1000
 

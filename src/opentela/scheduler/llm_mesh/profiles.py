@@ -22,6 +22,7 @@ from opentela.engines.profile import PerformanceProfile, powers_of_two
 from opentela.scheduler.hardware import builtin_catalog
 from opentela.scheduler.models import load_model
 from opentela.scheduler.roofline import StepCost
+from opentela.scheduler.step_model import StepModel
 
 CPU_NODE = "CPU-SPR-6462C-32C"
 """The evaluation's CPU node: a 32-core Xeon Gold 6462C (data/hardware.yaml)."""
@@ -61,23 +62,25 @@ def hardware_label(device: str) -> str:
 
 
 @cache
-def simulated_profile(model: str, device: str) -> PerformanceProfile:
-    """The profile of `model` (a catalog name) on `device` (a hardware catalog name), filled from the roofline."""
+def simulated_profile(model: str, device: str, step: StepModel | None = None) -> PerformanceProfile:
+    """The profile of `model` (a catalog name) on `device` (a hardware catalog name), filled from the roofline.
+
+    With `step` (a stored calibration of an engine on this device, `otela simulate calibrate`) its per-operator
+    efficiencies and per-step overhead apply; without, the device kind's `CALIBRATION` (the paper's setting).
+    """
     spec = load_model(model)
     raw = builtin_catalog()[device]
     cal = CALIBRATION["cpu" if raw.kind == "cpu" else "gpu"]
-    dev = raw.calibrated(cal.efficiency, cal.memory_efficiency)
+    if step is not None and not step.is_identity:
+        dev, overhead = raw.with_step(step), 0.0  # the step model carries its own per-step overhead
+    else:
+        dev, overhead = raw.calibrated(cal.efficiency, cal.memory_efficiency), cal.iteration_overhead_s
     cost = StepCost(spec, dev, max_tokens=MAX_CONTEXT, max_seqs=MAX_BATCH)
     lengths = powers_of_two(MAX_CONTEXT, 16)
     batches = powers_of_two(MAX_BATCH)
-    prefill = tuple(
-        cost.time(n, 1, 0.0, 0, float(n), float(n) * n) + cal.iteration_overhead_s for n in lengths
-    )
+    prefill = tuple(cost.time(n, 1, 0.0, 0, float(n), float(n) * n) + overhead for n in lengths)
     decode = tuple(
-        tuple(
-            float(cost.decode_times(b, np.array([float(b * n)]))[0]) + cal.iteration_overhead_s
-            for n in lengths
-        )
+        tuple(float(cost.decode_times(b, np.array([float(b * n)]))[0]) + overhead for n in lengths)
         for b in batches
     )
     return PerformanceProfile(
@@ -92,7 +95,9 @@ def simulated_profile(model: str, device: str) -> PerformanceProfile:
         weights_bytes=int(spec.weight_bytes("fp16")),
         kv_bytes_per_token=int(spec.kv_bytes_per_token("fp16")),
         source="simulated",
-        meta={
+        meta={"roofline": "scheduler.roofline.StepCost", "step_model": dev.step.to_dict()}
+        if overhead == 0.0
+        else {
             "roofline": "scheduler.roofline.StepCost",
             "efficiency": cal.efficiency,
             "memory_efficiency": cal.memory_efficiency,
