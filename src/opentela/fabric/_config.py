@@ -67,6 +67,30 @@ class FabricConfig:
     dial_back_window: float = field(
         default=60.0, metadata={"help": "Seconds over which dial_back_limit counts a peer's requests."}
     )
+    conn_low_water: int = field(
+        default=32,
+        metadata={
+            "help": "Open connections that trimming (see conn_high_water) closes down to, never below."
+        },
+    )
+    conn_high_water: int = field(
+        default=48,
+        metadata={
+            "help": "Open connections above which the longest idle ones are closed, down to conn_low_water "
+            "(never one with open streams, younger than conn_grace, a bootstrap peer or a relay)."
+        },
+    )
+    conn_grace: float = field(
+        default=20.0,
+        metadata={"help": "Seconds after a connection opens during which no limit or idleness closes it."},
+    )
+    conn_idle_timeout: float = field(
+        default=120.0,
+        metadata={
+            "help": "Seconds an unprotected connection without open streams is kept before it is closed, "
+            "whatever the count; 0 never closes a connection for being idle."
+        },
+    )
 
     join_token: str = field(
         default="",
@@ -109,3 +133,11 @@ class FabricConfig:
             raise ConfigError("[fabric] dial_back_limit must be at least 1")
         if self.max_inbound_streams < 1:
             raise ConfigError("[fabric] max_inbound_streams must be at least 1")
+        if not 1 <= self.conn_low_water <= self.conn_high_water:
+            raise ConfigError(
+                "[fabric] conn_low_water and conn_high_water must be at least 1, with conn_low_water <= "
+                f"conn_high_water (got {self.conn_low_water} and {self.conn_high_water})"
+            )
+        for name in ("conn_grace", "conn_idle_timeout"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"[fabric] {name} cannot be negative, got {getattr(self, name)!r}")

@@ -24,6 +24,7 @@ from opentela.fabric._frames import ErrorCode
 from opentela.fabric.addresses import format_addr, parse_addr
 from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.bootstrap import bootstrap
+from opentela.fabric.connection_manager import BOOTSTRAP, RELAY, ConnectionManager
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
 from opentela.fabric.join_tokens import Grant
@@ -83,6 +84,8 @@ class Host:
         self._announced: set[PeerId] = set()
         self._on_connected: list[Callable[[PeerId], None]] = []
         self._on_disconnected: list[Callable[[PeerId], None]] = []
+        self.connections = ConnectionManager(config)
+        """Keeps the connection count between the watermarks; `protect` peers that must stay connected."""
         self.relay = RelayService(
             self,
             serve=config.relay_serve,
@@ -233,9 +236,16 @@ class Host:
 
         Retries forever when `attempts` is None; otherwise raises PeerUnreachableError after that many rounds.
         Addresses that turn out to be this node are dropped; if none is left, returns [].
+        Every peer reached is protected (tag "bootstrap") from the connection limits.
         """
+
+        async def connect(addr: str) -> PeerId:
+            peer_id = await self.connect(addr)
+            self.connections.protect(peer_id, BOOTSTRAP)
+            return peer_id
+
         return await bootstrap(
-            self.connect, addrs, initial_delay=initial_delay, max_delay=max_delay, attempts=attempts
+            connect, addrs, initial_delay=initial_delay, max_delay=max_delay, attempts=attempts
         )
 
     async def aclose(self) -> None:
@@ -243,6 +253,7 @@ class Host:
         if self._closed:
             return
         self._closed = True
+        self.connections.close()
         if self._server is not None:
             self._server.close()
         for timer in self._timers:
@@ -465,11 +476,13 @@ class Host:
         await asyncio.shield(conn.lost)
 
     async def reserve_relay(self, relay_addr: str) -> PeerId:
-        """Connect to the relay at `relay_addr` and hold a slot there; returns the relay's peer id."""
+        """Connect to the relay at `relay_addr` and hold a slot there (protected, tag "relay"); the relay's id."""
         relay_peer = await self.connect(relay_addr)
         stream = await self.open_stream(relay_peer, PROTO_RELAY)
         try:
             await request_reservation(stream)
+            # The slot lives as long as this connection, and peers reach us through it.
+            self.connections.protect(relay_peer, RELAY)
         finally:
             await stream.aclose()
         return relay_peer
@@ -555,6 +568,10 @@ class Host:
         if self._closed:
             conn.close(ErrorCode.NO_ERROR, "host shutting down")
             return
+        if not conn.usable:
+            # The peer said goodbye in the very bytes that ended the handshake (a peer over its connection
+            # limit does): nothing to adopt, and no one to tell it came or went.
+            return
         delay = grant.expires_at - time.time() if grant is not None and grant.expires_at else _NEVER
         if delay < _NEVER:
             # Membership ends with the token: the connection does too (a renewed token means a new connection).
@@ -570,6 +587,7 @@ class Host:
             old.go_away(ErrorCode.DUPLICATE_CONNECTION, "duplicate connection")
         else:
             self._conns[peer_id] = conn
+        self.connections.connected(peer_id, conn)
         if peer_id not in self._announced:
             self._announced.add(peer_id)
             logger.info("peer connected", extra={"peer_id": peer_id, "dialer": conn.initiator})
@@ -592,6 +610,7 @@ class Host:
         if self._conns.get(peer_id) is not conn:
             return
         del self._conns[peer_id]
+        self.connections.disconnected(peer_id)
         if code == ErrorCode.DUPLICATE_CONNECTION:
             # The peer kept our other connection, which may not have finished its handshake here yet: give it
             # a moment before telling anyone the peer is gone.
@@ -608,6 +627,7 @@ class Host:
         peer_id = conn.remote_peer
         if peer_id and self._conns.get(peer_id) is conn:
             del self._conns[peer_id]
+            self.connections.disconnected(peer_id)
             self._check_gone(peer_id)
 
     def _check_gone(self, peer_id: PeerId) -> None:

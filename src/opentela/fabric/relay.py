@@ -31,6 +31,7 @@ from typing import Any
 from opentela._types import PROTO_RELAY, PeerId, Stream
 from opentela.errors import OpenTelaError, PeerUnreachableError
 from opentela.fabric.addresses import parse_addr
+from opentela.fabric.connection_manager import RELAY
 from opentela.fabric.messages import read_msg, write_msg
 
 logger = logging.getLogger(__name__)
@@ -278,10 +279,16 @@ class RelayService:
         self.dial_back_refused = 0  # addresses not dialled: not the asker's own
         self.dial_back_rate_limited = 0
         self._dial_back_times: dict[PeerId, deque[float]] = {}
-        host.on_peer_disconnected(self.reservations.discard)
+        host.on_peer_disconnected(self._forget)
 
     def __repr__(self) -> str:
         return f"<RelayService serve={self.serve} reservations={len(self.reservations)} circuits={self.circuits}>"
+
+    def _forget(self, peer: PeerId) -> None:
+        """A peer disconnected: its slot, which lived as long as its connection, is gone."""
+        if peer in self.reservations:
+            self.reservations.discard(peer)
+            self.host.connections.unprotect(peer, RELAY)
 
     def stats(self) -> dict[str, int]:
         """Reservations held for others, circuits open through us, relayed connections in and out."""
@@ -376,6 +383,8 @@ class RelayService:
             await write_msg(stream, {"ok": False, "error": "relay full"})
         else:
             self.reservations.add(peer)
+            # The private peer is reachable only through this connection: the limits must not close it.
+            self.host.connections.protect(peer, RELAY)
             logger.info("relay slot reserved", extra={"peer_id": peer})
             await write_msg(stream, {"ok": True, "ttl": 0})
 
