@@ -28,6 +28,8 @@ class Lifecycle(enum.IntEnum):
 PROTO_HTTP: ProtocolName = "/otela/http/1"
 PROTO_GOSSIP: ProtocolName = "/otela/gossip/1"
 PROTO_PROBE: ProtocolName = "/otela/probe/1"
+PROTO_VIEW: ProtocolName = "/otela/view/1"
+"""The partial-view overlay: joins, neighbour requests and shuffles (registry/overlay.py)."""
 PROTO_RELAY: ProtocolName = "/otela/relay/1"
 PROTO_CONTROL: ProtocolName = "/otela/control/1"
 PROTO_DEMAND: ProtocolName = "/otela/demand/1"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from opentela.errors import ConfigError, OpenTelaError
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.admission import admission_from_config
 from opentela.fabric.bootstrap import bootstrap
+from opentela.fabric.connection_manager import BOOTSTRAP
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.model.threads import set_blas_threads
@@ -52,6 +54,7 @@ from opentela.registry._config import RegistryConfig
 from opentela.registry.gossip import Gossip
 from opentela.registry.housekeeping import Housekeeping
 from opentela.registry.membership import Membership
+from opentela.registry.overlay import Overlay
 from opentela.registry.record import ModelEntry
 from opentela.registry.registry import Registry
 
@@ -95,6 +98,8 @@ class NodeAgent:
         self.registry: Registry | None = None
         self.gossip: Gossip | None = None
         self.membership: Membership | None = None
+        self.overlay: Overlay | None = None
+        """This node's partial view of the mesh (None when `active_view` is 0: everyone is a neighbour)."""
         self.housekeeping: Housekeeping | None = None
         self.reachability: NodeReachability | None = None
         self._mesh: MeshView | None = None
@@ -200,8 +205,14 @@ class NodeAgent:
         )
         self.reachability = reachability
         self.registry = Registry(self.identity, first, config=self.registry_config, admission=self.admission)
-        self.membership = Membership(self.host, self.registry, config=self.registry_config)
-        self.gossip = Gossip(self.host, self.registry, self.membership, config=self.registry_config)
+        if self.registry_config.active_view > 0:
+            self.overlay = Overlay(self.host, self.registry, config=self.registry_config)
+        self.membership = Membership(
+            self.host, self.registry, config=self.registry_config, overlay=self.overlay
+        )
+        self.gossip = Gossip(
+            self.host, self.registry, self.membership, config=self.registry_config, overlay=self.overlay
+        )
         self.housekeeping = Housekeeping(
             self.registry, config=self.registry_config, on_expired=lambda: self._rejoin("record expired")
         )
@@ -215,6 +226,7 @@ class NodeAgent:
             bootstrap=cfg.bootstrap,
             spawn=self._tasks.spawn,
             notices=self.notices,
+            overlay=self.overlay,
         )
         self._join_watch = JoinWatch(
             self.notices,
@@ -237,6 +249,8 @@ class NodeAgent:
             self.host.set_handler(PROTO_CONTROL, self.control.handle_stream)
         await self.membership.start()
         await self.gossip.start()
+        if self.overlay is not None:
+            await self.overlay.start()
         await self.housekeeping.start()
         logger.info(
             "node joined as JOIN",
@@ -313,13 +327,38 @@ class NodeAgent:
     async def _bootstrap(self) -> None:
         assert self.host is not None and self.registry is not None and self.reachability is not None
         assert self._join_watch is not None
-        peers = await bootstrap(self._dial_bootstrap, list(self.node_config.bootstrap))
+        reached: dict[PeerId, str] = {}
+
+        async def dial(addr: str) -> PeerId:
+            peer = await self._dial_bootstrap(addr)
+            reached[peer] = addr
+            return peer
+
+        peers = await bootstrap(dial, list(self.node_config.bootstrap))
         self._join_watch.bootstrap_done()
         logger.info("bootstrapped", extra={"peers": ",".join(p[-8:] for p in peers)})
+        if self.overlay is not None and peers:
+            # One contact walks us into a few active views; the others stay mere bootstrap peers.
+            contact = random.choice(peers)
+            self.overlay.join(contact, (reached[contact],))
+            self._tasks.spawn(self._release_bootstraps(peers), "release-bootstraps")
         await self.reachability.settle(peers, self.registry.local.addrs)
 
+    async def _release_bootstraps(self, peers: list[PeerId], patience: float = 30.0) -> None:
+        """Once we have neighbours of our own, stop holding the bootstrap connections open: a bootstrap peer
+        must not end up connected to every node (those that became neighbours stay protected as such)."""
+        assert self.host is not None and self.overlay is not None
+        neighbour = asyncio.Event()
+        self.overlay.on_neighbour_up(lambda _peer: neighbour.set())
+        if not self.overlay.active():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(neighbour.wait(), patience)
+        for peer in peers:
+            self.host.connections.unprotect(peer, BOOTSTRAP)
+
     async def _dial_bootstrap(self, addr: str) -> PeerId:
-        """Dial one bootstrap address, telling the join watch how it went."""
+        """Dial one bootstrap address (kept connected, tag "bootstrap", until we have neighbours of our own),
+        telling the join watch how it went."""
         assert self.host is not None and self._join_watch is not None
         try:
             peer = await self.host.connect(addr)
@@ -327,6 +366,7 @@ class NodeAgent:
             self._join_watch.dialed(addr, exc, time.monotonic())
             raise
         self._join_watch.dialed(addr, peer, time.monotonic())
+        self.host.connections.protect(peer, BOOTSTRAP)
         return peer
 
     async def _watch_joining(self, watch: JoinWatch) -> None:
@@ -531,7 +571,7 @@ class NodeAgent:
             await self.blocks.aclose()
         await self.engines.aclose()
         await self.proxy.aclose()
-        for part in (self.housekeeping, self.gossip, self.membership, self.host):
+        for part in (self.housekeeping, self.gossip, self.membership, self.overlay, self.host):
             if part is not None:
                 await part.aclose()
         for close in self._closers:

@@ -1,8 +1,9 @@
 """The node's view of the mesh as the gateway and the fleet controller read it: the gateway's Mesh contract.
 
 Reads go to the registry replica and the liveness layer; streams go out through the fabric host (or stay in
-the process when the target is this node). The view owns no state but the failure counts it reports; the
-node's notices (node/notices.py) travel with its stats and health.
+the process when the target is this node). The view owns no state but the failure counts it reports and, on an
+ingress, which peers serve replicas (their connections are kept out of the connection limits); the node's
+notices (node/notices.py) travel with its stats and health.
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ from opentela._types import (
     Stream,
 )
 from opentela.errors import OpenTelaError
+from opentela.fabric.connection_manager import SERVING
 from opentela.fabric.host import Host
 from opentela.fabric.memory import memory_stream_pair
+from opentela.node._config import Role
 from opentela.node.block_server import BlockServer
 from opentela.node.control import ControlService
 from opentela.node.http_service import LocalEngineProxy
 from opentela.node.notices import Notices
 from opentela.registry.gossip import Gossip
 from opentela.registry.membership import Membership
+from opentela.registry.overlay import Overlay
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import ChangeListener, Registry
 
@@ -54,8 +58,10 @@ class MeshView:
         bootstrap: Sequence[str],
         spawn: Spawn,
         notices: Notices | None = None,
+        overlay: Overlay | None = None,
     ) -> None:
         self.host, self.registry, self.membership, self.gossip = host, registry, membership, gossip
+        self.overlay = overlay
         self.proxy, self.control = proxy, control
         self.bootstrap = tuple(bootstrap)
         self._spawn = spawn
@@ -63,6 +69,14 @@ class MeshView:
         self.failures: dict[str, int] = {}
         self.blocks: BlockServer | None = None
         """This node's own block server, reached in-process."""
+        self._serving: dict[
+            PeerId, set[SessionId]
+        ] = {}  # replica peer -> its SERVING sessions (ingress only)
+        if Role.INGRESS.value in registry.local.roles:
+            # The gateway routes to these peers at any moment: the connection limits must not close them.
+            for record in registry.records():
+                self._track_replica(record, False)
+            registry.on_change(self._track_replica)
 
     def __repr__(self) -> str:
         return f"<MeshView {self.peer_id[-8:]} session={self.session_id[:8]} records={len(self.registry)}>"
@@ -183,11 +197,13 @@ class MeshView:
             "registry": self.registry.stats(),
             "gossip": self.gossip.stats(),
             "membership": self.membership.stats(),
+            "view": self.overlay.stats() if self.overlay is not None else None,
             "proxy": {
                 "in_flight": self.proxy.in_flight,
                 "served": self.proxy.served,
                 "abandoned": self.proxy.abandoned,
             },
+            "fabric": {"connections": self.host.connections.stats()},
             "relay": self.host.relay.stats(),
             "admission": {
                 "network_id": self.host.admission.network_id or "open",
@@ -213,3 +229,22 @@ class MeshView:
             # What the operator should act on (bootstrapped to itself, joined nobody...): `otela status` shows it.
             "notices": self.notices.snapshot(),
         }
+
+    def _track_replica(self, record: NodeRecord, local: bool) -> None:
+        # Tags belong to the peer while records belong to sessions: a restarted replica may hold an old SERVING
+        # session and a new one at once, so the tag goes only when the peer's last one leaves SERVING.
+        peer = record.peer_id
+        if peer == self.peer_id:
+            return
+        sessions = self._serving.get(peer)
+        if record.lifecycle is Lifecycle.SERVING and (record.models or record.blocks):
+            if sessions is None:
+                self._serving[peer] = {record.session_id}
+                self.host.connections.protect(peer, SERVING)
+            else:
+                sessions.add(record.session_id)
+        elif sessions is not None and record.session_id in sessions:
+            sessions.discard(record.session_id)
+            if not sessions:
+                del self._serving[peer]
+                self.host.connections.unprotect(peer, SERVING)

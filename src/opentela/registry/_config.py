@@ -1,4 +1,4 @@
-"""Settings of the registry: replication fan-out and pace, SWIM failure detection, retention of dead records."""
+"""Settings of the registry: partial views, replication fan-out and pace, SWIM failure detection, retention."""
 
 from __future__ import annotations
 
@@ -11,17 +11,60 @@ DAY = 86400.0
 
 @dataclass(frozen=True)
 class RegistryConfig:
-    """How records replicate, how peers are watched, and how long dead records are kept."""
+    """Which peers are a node's neighbours, how records replicate and peers are watched, how long dead records stay."""
 
     fanout: int = field(
-        default=4,
+        default=6,
         metadata={
-            "help": "Peers a changed record is pushed to at once (each replica pushes once; about e^-fanout of "
-            "the replicas miss the push and learn the change by anti-entropy instead)."
+            "help": "Peers a record new to this replica is pushed to at once: active-view peers other than the "
+            "sender (all of them up to this many, so the default floods the active view), or random live peers "
+            "when active_view is 0; 0 turns pushing off (anti-entropy alone repairs)."
         },
     )
     anti_entropy_interval: float = field(
-        default=2.0, metadata={"help": "Seconds between digest exchanges with one random peer."}
+        default=2.0,
+        metadata={
+            "help": "Seconds between digest exchanges with one peer (a neighbour, now and then a passive peer)."
+        },
+    )
+    active_view: int = field(
+        default=6,
+        metadata={
+            "help": "Peers in this node's active view (HyParView): the only ones it keeps connections to, probes "
+            "with SWIM and floods changes to; about ln(N)/2 + 1 for N nodes (5.6 at 10,000), at least 2. 0 turns "
+            "partial views off: every node probes and gossips with every live peer."
+        },
+    )
+    passive_view: int = field(
+        default=30,
+        metadata={
+            "help": "Peers kept as candidates to repair the active view from, refreshed by shuffles; no "
+            "connection is kept to them."
+        },
+    )
+    shuffle_interval: float = field(
+        default=30.0,
+        metadata={
+            "help": "Seconds between shuffles (a three-hop random walk that swaps samples of the views) and "
+            "top-ups of an active view that is not full; a failed neighbour is replaced at once regardless."
+        },
+    )
+    active_walk: int = field(
+        default=6,
+        metadata={
+            "help": "Length of the random walks that take a joining node into active views (FORWARD_JOIN)."
+        },
+    )
+    passive_walk: int = field(
+        default=3,
+        metadata={"help": "Hops left on a join walk at which the node there keeps the joiner as passive."},
+    )
+    passive_anti_entropy: float = field(
+        default=0.05,
+        metadata={
+            "help": "Share of anti-entropy rounds run with a passive-view peer instead of an active one (over a "
+            "short-lived connection): repairs replicas even if the active views ever split the mesh in two."
+        },
     )
     probe_interval: float = field(
         default=1.0,
@@ -166,6 +209,7 @@ class RegistryConfig:
             "refresh_interval",
             "gc_interval",
             "gossip_timeout",
+            "shuffle_interval",
             "eviction_hold",
             "eviction_signer_window",
             "max_clock_skew",
@@ -186,6 +230,12 @@ class RegistryConfig:
             raise ConfigError(
                 "[registry] max_sessions_per_peer, max_tombstones_per_signer and write_burst must be at least 1"
             )
+        if self.active_view == 1 or self.active_view < 0 or self.passive_view < 0:
+            raise ConfigError("[registry] active_view must be 0 (off) or at least 2, passive_view >= 0")
+        if not 0 <= self.passive_walk <= self.active_walk:
+            raise ConfigError("[registry] passive_walk must be between 0 and active_walk")
+        if not 0.0 <= self.passive_anti_entropy <= 1.0 or self.fanout < 0:
+            raise ConfigError("[registry] passive_anti_entropy must be in [0, 1] and fanout >= 0")
         if self.eviction_quorum < 1 or self.eviction_signer_limit < 1:
             raise ConfigError("[registry] eviction_quorum and eviction_signer_limit must be at least 1")
         if self.tombstone_retention <= self.left_retention:

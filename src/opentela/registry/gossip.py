@@ -1,5 +1,11 @@
 """Replication over /otela/gossip/1: push each change to a few peers at once, and repair the rest by anti-entropy.
 
+With a partial view (`overlay`), a record new to this replica is flooded to the active-view peers other than the
+one it came from (a peer that already holds it changes nothing and stops the flood there), anti-entropy runs
+with a random active peer (now and then a passive one), and the first exchange with a new neighbour is the
+"hello" of a node that has not synced yet. Without one, pushes go to `fanout` random live peers, anti-entropy to
+a random live peer, and every new connection starts an exchange.
+
 Anti-entropy exchange (initiator I, responder R), one stream:
   I -> R  {"t": "sum", "h": hash of I's digest}
   R -> I  {"t": "same"}                                     (done: nothing differs; the idle case)
@@ -16,6 +22,7 @@ import contextlib
 import hashlib
 import logging
 import random
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,6 +36,7 @@ from opentela.fabric.messages import encode_msg, read_msg
 from opentela.registry._config import RegistryConfig
 from opentela.registry.crdt import Digest
 from opentela.registry.membership import Membership
+from opentela.registry.overlay import Overlay
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
 
@@ -47,14 +55,24 @@ class Gossip:
     """The replication driver of one node."""
 
     def __init__(
-        self, host: Host, registry: Registry, membership: Membership, *, config: RegistryConfig | None = None
+        self,
+        host: Host,
+        registry: Registry,
+        membership: Membership,
+        *,
+        config: RegistryConfig | None = None,
+        overlay: Overlay | None = None,
     ) -> None:
         self.host = host
         self.registry = registry
         self.membership = membership
+        self.overlay = overlay
         self.config = config or RegistryConfig()
         self._rng = random.Random()
-        self._pending: dict[str, NodeRecord] = {}
+        self._pending: dict[str, tuple[NodeRecord, PeerId | None]] = {}  # change -> the peer it came from
+        self._source: PeerId | None = None  # the peer whose records are being applied right now
+        self._hash: tuple[int, bytes] | None = None  # (records, hash of our digest) until the next change
+        self._synced_at: float | None = None  # when our latest anti-entropy exchange completed
         self._wake = asyncio.Event()
         self._tasks = TaskSet("gossip")
         self.counters: dict[str, int] = {
@@ -75,7 +93,10 @@ class Gossip:
         """Serve the protocol and start pushing and anti-entropy."""
         self.host.set_handler(PROTO_GOSSIP, self.rpc_gossip)
         self.registry.on_change(self._on_change)
-        self.host.on_peer_connected(self._on_connect)
+        if self.overlay is None:
+            self.host.on_peer_connected(self._on_connect)
+        else:
+            self.overlay.on_neighbour_up(self._on_neighbour)
         self._spawn(self._push_loop(), "gossip-push")
         self._spawn(self._anti_entropy_loop(), "gossip-anti-entropy")
 
@@ -104,6 +125,14 @@ class Gossip:
             peers.setdefault(peer, ())
         return peers
 
+    def _neighbours(self) -> list[PeerId]:
+        """Active-view peers that SWIM does not suspect (a hung one would hold every push for a timeout)."""
+        assert self.overlay is not None
+        return [p for p in self.overlay.active() if not self.membership.is_suspected(p)]
+
+    def _addrs(self, peer: PeerId) -> tuple[str, ...]:
+        return self.overlay.addrs_of(peer) if self.overlay is not None else ()
+
     async def _open(self, peer: PeerId, addrs: Iterable[str]) -> Stream:
         return await self.host.open_stream(
             peer, PROTO_GOSSIP, addrs=tuple(addrs), timeout=self.config.gossip_timeout
@@ -111,23 +140,47 @@ class Gossip:
 
     # --- push ---------------------------------------------------------------------------------------------
     def _on_change(self, record: NodeRecord, local: bool) -> None:
-        self._pending[record.session_id] = record
+        self._hash = None
+        self._pending[record.session_id] = (record, None if local else self._source)
         self._wake.set()
 
     def _on_connect(self, peer: PeerId) -> None:
         # A new neighbour gets the full picture in one exchange, instead of waiting for the next round.
         self._spawn(self._anti_entropy_with(peer, ()), "gossip-hello")
 
+    def _on_neighbour(self, peer: PeerId) -> None:
+        # Only a node that has not synced lately needs the hello (a joiner, with its contact): the others are
+        # one anti-entropy round from every change anyway, and a hello per new link would cost a digest each.
+        if self._synced_at is None or time.monotonic() - self._synced_at > self.config.anti_entropy_interval:
+            self._spawn(self._anti_entropy_with(peer, self._addrs(peer)), "gossip-hello")
+
     async def _push_loop(self) -> None:
         while True:
             await self._wake.wait()
             self._wake.clear()
             batch, self._pending = list(self._pending.values()), {}
-            peers = self.live_peers()
-            if not batch or not peers:
+            if not batch or self.config.fanout == 0:
                 continue
+            if self.overlay is not None:
+                await self._flood(batch)
+                continue
+            peers = self.live_peers()
+            if not peers:
+                continue
+            records = [r for r, _ in batch]
             chosen = self._rng.sample(sorted(peers), min(self.config.fanout, len(peers)))
-            await asyncio.gather(*(self._push_to(p, peers[p], batch) for p in chosen))
+            await asyncio.gather(*(self._push_to(p, peers[p], records) for p in chosen))
+
+    async def _flood(self, batch: list[tuple[NodeRecord, PeerId | None]]) -> None:
+        """Push each record to our neighbours, except the one it came from."""
+        neighbours = self._neighbours()
+        chosen = self._rng.sample(neighbours, min(self.config.fanout, len(neighbours)))
+        pushes = []
+        for peer in chosen:
+            records = [r for r, source in batch if source != peer]
+            if records:
+                pushes.append(self._push_to(peer, self._addrs(peer), records))
+        await asyncio.gather(*pushes)
 
     async def _push_to(self, peer: PeerId, addrs: Iterable[str], records: list[NodeRecord]) -> bool:
         try:
@@ -146,8 +199,19 @@ class Gossip:
             return False
 
     async def flush(self, timeout: float = 2.0) -> None:
-        """Send our own record to every reachable peer now and wait (bounded): used before exiting."""
+        """Send our own record to every reachable peer now and wait (bounded): used before exiting.
+
+        With a partial view, "every reachable peer" is our neighbours, who flood it on; with none, a few
+        random live peers.
+        """
         peers = self.live_peers()
+        if self.overlay is not None:
+            neighbours = {p: self._addrs(p) for p in self._neighbours()}
+            if neighbours:
+                peers = neighbours
+            else:
+                chosen = self._rng.sample(sorted(peers), min(max(1, self.config.fanout), len(peers)))
+                peers = {p: peers[p] for p in chosen}
         if not peers:
             return
         with contextlib.suppress(TimeoutError):
@@ -158,10 +222,28 @@ class Gossip:
     async def _anti_entropy_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.anti_entropy_interval * (0.5 + self._rng.random()))
+            if self.overlay is not None:
+                peer = self._anti_entropy_peer()
+                if peer is not None:
+                    await self._anti_entropy_with(peer, self._addrs(peer))
+                continue
             peers = self.live_peers()
             if peers:
                 peer = self._rng.choice(sorted(peers))
                 await self._anti_entropy_with(peer, peers[peer])
+
+    def _anti_entropy_peer(self) -> PeerId | None:
+        """A random neighbour; now and then (and when we have no neighbour) a random passive peer.
+
+        The passive rounds cost a short-lived connection each, and they are what repairs replicas across a
+        split of the active views, which flooding and neighbour rounds alone would never cross.
+        """
+        assert self.overlay is not None
+        neighbours = self._neighbours()
+        passive = [p for p in self.overlay.passive() if not self.membership.is_suspected(p)]
+        if passive and (not neighbours or self._rng.random() < self.config.passive_anti_entropy):
+            return self._rng.choice(passive)
+        return self._rng.choice(neighbours) if neighbours else None
 
     async def _anti_entropy_with(self, peer: PeerId, addrs: Iterable[str]) -> bool:
         """One exchange with `peer`; True when it completed."""
@@ -173,14 +255,29 @@ class Gossip:
                 finally:
                     await stream.aclose()
             self.counters["rounds"] += 1
+            self._synced_at = time.monotonic()
             return True
         except (OpenTelaError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             self.counters["errors"] += 1
             logger.debug("anti-entropy with %s failed: %r", peer, exc)
             return False
 
+    def _digest_hash(self) -> bytes:
+        """The hash of our digest, computed again only after a change (or a compaction, which shrinks it)."""
+        if self._hash is None or self._hash[0] != len(self.registry):
+            self._hash = (len(self.registry), digest_hash(self.registry.digest()))
+        return self._hash[1]
+
+    def _apply_from(self, peer: PeerId, records: list[Any]) -> None:
+        """Merge records a peer sent; the changes they make are flooded on to everyone but that peer."""
+        self._source = peer
+        try:
+            self.registry.apply_wire(records)
+        finally:
+            self._source = None
+
     async def _initiate(self, stream: Stream) -> None:
-        await self._send(stream, {"t": "sum", "h": digest_hash(self.registry.digest())})
+        await self._send(stream, {"t": "sum", "h": self._digest_hash()})
         reply = await self._recv(stream)
         if reply.get("t") == "same":
             self.counters["rounds_same"] += 1
@@ -189,7 +286,7 @@ class Gossip:
         await self._send(stream, {"t": "want", "k": self.registry.map.wanted_from(theirs)})
         await self._send_records(stream, "recs", self.registry.map.newer_than(theirs))
         await self._send(stream, {"t": "end"})
-        self.registry.apply_wire(await self._recv_records(stream))
+        self._apply_from(stream.remote_peer, await self._recv_records(stream))
 
     async def rpc_gossip(self, stream: Stream) -> None:
         """Serve one gossip stream (push or anti-entropy)."""
@@ -199,22 +296,23 @@ class Gossip:
             kind = first.get("t")
             if kind == "push":
                 self.counters["pushes_received"] += 1
-                self.registry.apply_wire(_pushed(first))
+                self._apply_from(stream.remote_peer, _pushed(first))
                 with contextlib.suppress(asyncio.IncompleteReadError):
                     while True:
                         more = await self._recv(stream)
-                        self.registry.apply_wire(_pushed(more))
+                        self._apply_from(stream.remote_peer, _pushed(more))
             elif kind == "sum":
-                ours = self.registry.digest()
-                if first.get("h") == digest_hash(ours):
+                if first.get("h") == self._digest_hash():
                     await self._send(stream, {"t": "same"})
+                    self._synced_at = time.monotonic()
                     return
+                ours = self.registry.digest()
                 await self._send(stream, {"t": "digest", "d": {k: list(v) for k, v in ours.items()}})
                 want = await self._recv(stream)
                 keys = want.get("k", [])
                 if not isinstance(keys, list):
                     raise ProtocolError("gossip want list is not a list")
-                self.registry.apply_wire(await self._recv_records(stream))
+                self._apply_from(stream.remote_peer, await self._recv_records(stream))
                 records = [r for k in keys if isinstance(k, str) and (r := self.registry.get(k)) is not None]
                 await self._send_records(stream, "recs", records)
                 await self._send(stream, {"t": "end"})

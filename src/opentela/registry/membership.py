@@ -13,6 +13,12 @@ session, a quorum of distinct signers, or, for our own session, a stall of our o
 Routing exclusion is the union of SWIM suspicion (all probe paths failed, spread to everyone) and a local,
 transport-level mark (our connection dropped or a request failed) that lasts until we hear from the peer again
 and makes this node probe it at once.
+
+With a partial view (`overlay`), a node probes only its active-view neighbours, the peers it marks unreachable
+(a neighbour whose connection broke stays watched after the overlay replaced it), and the suspects it witnessed;
+a suspicion it merely hears of makes it ping that session once, at a random moment within half the suspicion
+timeout, so that it holds first-hand evidence by the time the neighbours' eviction arrives. Only neighbours'
+connections count as transport-level signals: other connections are short-lived and closed on purpose.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from opentela.fabric.messages import read_msg, write_msg
 from opentela.registry._config import RegistryConfig
 from opentela.registry.evictions import EvictionEvidence, Outcome
 from opentela.registry.local_health import LocalHealth, LoopLag
+from opentela.registry.overlay import Overlay
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
 from opentela.registry.rtt import RttTable
@@ -42,6 +49,9 @@ logger = logging.getLogger(__name__)
 
 MAX_PROBE_MESSAGE = 4096
 EVICTION_QUERY_FANOUT = 8  # peers asked whether they hold our session LEFT
+MAX_CHECKS = 16
+"""Heard-of suspects pinged once at the same time: a member spreading suspicions of everyone (SWIM news is unsigned)
+must not make every node ping the whole mesh; past it, a held eviction still makes this node probe (evidence)."""
 NOT_THAT_SESSION = -1
 
 
@@ -56,9 +66,12 @@ class Membership:
         config: RegistryConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        overlay: Overlay | None = None,
     ) -> None:
         self.host = host
         self.registry = registry
+        self.overlay = overlay
+        """The partial view whose neighbours this node probes; None: every live session is probed."""
         self.config = config or RegistryConfig()
         self.clock = clock
         self._rng = rng or random.Random()
@@ -78,6 +91,8 @@ class Membership:
         self._releasing: set[SessionId] = set()
         self._asking: set[SessionId] = set()
         self._silent: dict[SessionId, float] = {}  # sessions whose latest probe by us failed, and when
+        self._checked: dict[SessionId, int] = {}  # heard-of suspects we pinged once, at that incarnation
+        self._checking: set[SessionId] = set()  # those whose ping is still to come
         self._confirmed: dict[SessionId, set[PeerId]] = {}  # peers whose replicas hold our session LEFT
         self.evidence = EvictionEvidence(
             quorum=self.config.eviction_quorum,
@@ -111,7 +126,11 @@ class Membership:
     async def start(self) -> None:
         """Serve probes, watch connections, start the protocol period."""
         self.host.set_handler(PROTO_PROBE, self.rpc_probe)
-        self.host.on_peer_disconnected(lambda peer: self.suspect(peer, "connection lost"))
+        if self.overlay is None:
+            self.host.on_peer_disconnected(lambda peer: self.suspect(peer, "connection lost"))
+        else:
+            self.overlay.on_neighbour_failed(lambda peer: self.suspect(peer, "connection lost"))
+            self.overlay.set_usable(lambda peer: not self.is_suspected(peer))
         self.host.on_peer_connected(self.confirm_alive)
         self.swim.on_change(self._on_member_change)
         self.registry.eviction_check = self.check_eviction
@@ -197,6 +216,8 @@ class Membership:
             del self.unreachable[peer]
         for session in [s for s in self._silent if s not in self.swim.members]:
             del self._silent[session]
+        for session in [s for s in self._checked if not self.swim.is_suspected(s)]:
+            del self._checked[session]
         self._recheck_evictions()
         held = set(self.evidence.sessions())
         for session in [s for s in self._confirmed if s not in held]:
@@ -204,6 +225,9 @@ class Membership:
         written = []
         now = self.clock()
         for member in self.swim.due_evictions(now):
+            if not member.witnessed and not self._failed_here(member.session, now):
+                # Heard of, never seen failing by us: the witnesses (its neighbours) write the eviction.
+                continue
             if not self._in_touch(member.peer, now):
                 # We hear from nobody else either: we may be the one cut off, and evicting the whole mesh from
                 # here would force every node to rejoin once we are back. Routing avoids the session meanwhile.
@@ -223,19 +247,60 @@ class Membership:
         horizon = now - self.config.suspicion_timeout
         return not others or any(self.last_seen.get(p, -1e300) >= horizon for p in others)
 
+    def watched(self) -> set[SessionId] | None:
+        """The sessions this node probes: its neighbours' and those of peers marked unreachable (None: all).
+
+        A neighbour whose connection broke leaves the active view at once (the overlay repairs around it), but
+        the break is first-hand evidence only this node holds, and the urgent probe in `suspect` may give no
+        verdict: SWIM may not track the peer's sessions yet (its record just arrived; `tick` adds it), a probe
+        already in flight may have got the last answer, or our loop stalled. So the peer stays watched while
+        it is unreachable: until we hear from it again (alive) or its sessions leave the membership (evicted
+        or left); once suspected, it is pinged every period as any witnessed suspect, held eviction or not.
+        """
+        if self.overlay is None:
+            return None
+        return self._sessions_of({*self.overlay.active(), *self.unreachable})
+
+    def _sessions_of(self, peers: set[PeerId]) -> set[SessionId]:
+        return {s for s, m in self.swim.members.items() if m.peer in peers}
+
     async def _probe_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.probe_interval * (0.9 + 0.2 * self._rng.random()))
             self.tick()
-            target = self.swim.next_target()
-            # Suspected sessions get a direct ping every period as well, so one that was only slow refutes
-            # promptly once it runs again. Probes run as tasks: a failing one (probe_timeout + indirect_timeout)
-            # does not stretch the period.
+            watched = self.watched()
+            target = self.swim.next_target(watched)
+            # Suspected sessions we watch get a direct ping every period as well, so one that was only slow
+            # refutes promptly once it runs again. Probes run as tasks: a failing one (probe_timeout +
+            # indirect_timeout) does not stretch the period.
             for member in self.swim.suspected():
-                if member is not target and member.session not in self._probing:
+                if member is target or member.session in self._probing:
+                    continue
+                if watched is None or member.session in watched or member.witnessed:
                     self._spawn(self._ping_only(member), "swim-ping")
+                elif (
+                    self._checked.get(member.session) != member.incarnation
+                    and len(self._checking) < MAX_CHECKS
+                ):
+                    self._checked[member.session] = member.incarnation
+                    self._checking.add(member.session)
+                    self._spawn(self._check_once(member), "swim-check")
             if target is not None and target.session not in self._probing:
                 self._spawn(self.probe(target), "swim-probe")
+
+    async def _check_once(self, member: Member) -> None:
+        """Ping a suspect we only heard of, once, at a random moment within half the suspicion timeout.
+
+        Its neighbours evict it a suspicion timeout after they suspected it; by then this node holds evidence of
+        its own (a failed ping) and merges their eviction at once, and the spread delay keeps a large mesh from
+        pinging a suspect all at the same moment.
+        """
+        try:
+            await asyncio.sleep(self._rng.uniform(0, self.swim.suspicion_timeout / 2))
+            if self.swim.is_suspected(member.session) and member.session not in self._probing:
+                await self._ping_only(member)
+        finally:
+            self._checking.discard(member.session)
 
     async def _ping_only(self, member: Member) -> None:
         self._probing.add(member.session)
@@ -286,7 +351,9 @@ class Membership:
         return self.loop_lag.worst_since(started) >= self.config.probe_timeout / 2
 
     async def _probe_indirectly(self, target: Member) -> int | None:
-        helpers = self.swim.helpers(target, self.config.indirect_probes)
+        # Helpers are neighbours only (open connections), never a peer we just lost.
+        neighbours = None if self.overlay is None else self._sessions_of(set(self.overlay.active()))
+        helpers = self.swim.helpers(target, self.config.indirect_probes, neighbours)
         if not helpers:
             return None
         self.counters["indirect_probes_sent"] += len(helpers)
@@ -378,7 +445,11 @@ class Membership:
         member = self.swim.members.get(record.session_id)
         if member is not None and member.status is Status.SUSPECT and member.witnessed:
             return True
-        failed_at = self._silent.get(record.session_id)
+        return self._failed_here(record.session_id, now)
+
+    def _failed_here(self, session: SessionId, now: float) -> bool:
+        """Whether our own latest probe or ping of `session` failed, within the eviction hold."""
+        failed_at = self._silent.get(session)
         return failed_at is not None and now - failed_at <= self.config.eviction_hold
 
     async def _ask_about_us(self, session: SessionId) -> None:
@@ -599,6 +670,7 @@ class Membership:
             "members": len(self.swim.members),
             "suspected": len(self.swim.suspected()),
             "pending_news": self.swim.pending_news(),
+            "watched": len(self.swim.members) if (watched := self.watched()) is None else len(watched),
             "evictions_pending": len(self.evidence),
             "local_health": self.health.score,
             "loop_lag_s": round(self.loop_lag.worst_since(self.loop_lag.clock() - self.loop_lag.window), 3),

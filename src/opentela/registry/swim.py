@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,24 +136,34 @@ class SwimState:
         self.members.pop(session, None)
         self._news.pop(session, None)
 
-    def next_target(self) -> Member | None:
-        """The next member to probe: a shuffled round robin, so every member is probed once per N rounds."""
+    def next_target(self, among: Collection[SessionId] | None = None) -> Member | None:
+        """The next member to probe: a shuffled round robin, so every member is probed once per N rounds.
+
+        With `among` (the sessions of our partial view's neighbours), only those members are probed.
+        """
         while True:
             if not self._order:
-                self._order = list(self.members)
+                self._order = [s for s in self.members if among is None or s in among]
                 self._rng.shuffle(self._order)
                 if not self._order:
                     return None
-            member = self.members.get(self._order.pop())
-            if member is not None:
+            session = self._order.pop()
+            member = self.members.get(session)
+            if member is not None and (among is None or session in among):
                 return member
 
-    def helpers(self, target: Member, k: int) -> list[Member]:
-        """Up to `k` random unsuspected members on other nodes than `target`, to probe it on our behalf."""
+    def helpers(self, target: Member, k: int, among: Collection[SessionId] | None = None) -> list[Member]:
+        """Up to `k` random unsuspected members on other nodes than `target`, to probe it on our behalf.
+
+        With `among`, only those members (our neighbours, to whom we hold connections) are asked.
+        """
         pool = [
             m
             for m in self.members.values()
-            if m.status is Status.ALIVE and m.peer != target.peer and m.session != target.session
+            if m.status is Status.ALIVE
+            and m.peer != target.peer
+            and m.session != target.session
+            and (among is None or m.session in among)
         ]
         by_peer = {m.peer: m for m in pool}
         return self._rng.sample(sorted(by_peer.values(), key=lambda m: m.session), min(k, len(by_peer)))

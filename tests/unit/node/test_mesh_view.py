@@ -6,6 +6,8 @@ from typing import Any
 
 from opentela._types import PROTO_CONTROL, Lifecycle
 from opentela.errors import DialTimeout, EngineCrashedError
+from opentela.fabric._config import FabricConfig
+from opentela.fabric.connection_manager import SERVING, ConnectionManager
 from opentela.fabric.identity import Identity
 from opentela.node.control import ControlService
 from opentela.node.http_service import LocalEngineProxy
@@ -42,6 +44,11 @@ class FakeRelay:
         return {"circuits": 0}
 
 
+class FakeConnections:
+    def stats(self) -> dict[str, int]:
+        return {"open": 1}
+
+
 class FakeAdmission:
     network_id = ""
 
@@ -49,6 +56,7 @@ class FakeAdmission:
 class FakeHost:
     listen_addrs = ["127.0.0.1:4000"]
     relay = FakeRelay()
+    connections = FakeConnections()
     admission = FakeAdmission()
     refused_not_member = 2
 
@@ -65,17 +73,16 @@ class FakeGossip:
         return {"rounds": 1}
 
 
-def serving(identity: Identity, model: str, addr: str) -> NodeRecord:
-    first = join_record(identity, identity.peer_id[-6:], "p", addrs=(addr,), roles=("worker",), hardware={})
+def serving(identity: Identity, model: str, addr: str, session: str = "") -> NodeRecord:
+    session = session or identity.peer_id[-6:]
+    first = join_record(identity, session, "p", addrs=(addr,), roles=("worker",), hardware={})
     return first.next(identity, lifecycle=Lifecycle.SERVING, models=(ModelEntry(id=model, engine="sim"),))
 
 
-def view() -> tuple[MeshView, FakeHost, list[str]]:
-    registry = Registry(
-        ME, join_record(ME, "mine", "p", addrs=("10.0.0.9:1",), roles=("worker",), hardware={})
-    )
+def view(role: str = "worker", host: FakeHost | None = None) -> tuple[MeshView, FakeHost, list[str]]:
+    registry = Registry(ME, join_record(ME, "mine", "p", addrs=("10.0.0.9:1",), roles=(role,), hardware={}))
     registry.apply_remote([serving(OTHER, "m", "10.0.0.2:1"), serving(SUSPECT, "m", "10.0.0.3:1")])
-    host, spawned = FakeHost(), []
+    host, spawned = host or FakeHost(), []
     control = ControlService([], False, lambda: None, lambda a: None)
     mesh = MeshView(
         host,  # type: ignore[arg-type]
@@ -125,7 +132,9 @@ def test_stats_and_health_keep_their_keys() -> None:
         "registry",
         "gossip",
         "membership",
+        "view",
         "proxy",
+        "fabric",
         "relay",
         "admission",
         "failures_by_session",
@@ -135,6 +144,7 @@ def test_stats_and_health_keep_their_keys() -> None:
     assert (
         mesh.stats()["admission"]["network_id"] == "open" and mesh.stats()["admission"]["refused_peers"] == 2
     )
+    assert mesh.stats()["fabric"] == {"connections": {"open": 1}}
     health = mesh.health()
     assert health["status"] == "ok" and health["state"] == "JOIN" and health["nodes_known"] == 3
 
@@ -145,3 +155,44 @@ def test_notices_travel_with_health_and_stats_and_peers_are_counted() -> None:
     mesh.notices.post("no_peers", "start a provider")
     assert [n["code"] for n in mesh.health()["notices"]] == ["no_peers"]
     assert mesh.stats()["notices"][0]["message"] == "start a provider"
+
+
+def host_with_limits() -> tuple[FakeHost, ConnectionManager]:
+    host, connections = FakeHost(), ConnectionManager(FabricConfig())
+    host.connections = connections  # type: ignore[assignment]
+    return host, connections
+
+
+async def test_an_ingress_keeps_the_connections_to_its_serving_replicas() -> None:
+    host, connections = host_with_limits()
+    mesh, _, _ = view("ingress", host)
+    # Replicas already in the registry, suspected ones too (suspicion is not a verdict); never ourselves.
+    assert connections.ledger.tags(OTHER.peer_id) == {SERVING} and connections.is_protected(SUSPECT.peer_id)
+    assert not connections.is_protected(ME.peer_id)
+    newcomer = Identity.generate()
+    mesh.registry.apply_remote([serving(newcomer, "m", "10.0.0.4:1")])
+    assert connections.is_protected(newcomer.peer_id)
+
+    other = mesh.registry.candidates("m")[0]
+    assert other.peer_id == OTHER.peer_id
+    mesh.registry.apply_remote([other.next(OTHER, lifecycle=Lifecycle.DOWN)])
+    assert not connections.is_protected(OTHER.peer_id)
+    suspect = next(r for r in mesh.registry.candidates("m") if r.peer_id == SUSPECT.peer_id)
+    mesh.registry.evict(suspect.session_id, "unreachable")  # LEFT
+    assert not connections.is_protected(SUSPECT.peer_id)
+    # Protection (the tag is the peer's) holds while any session of the peer still serves.
+    restarted = serving(newcomer, "m", "10.0.0.4:1", session="second")
+    mesh.registry.apply_remote([restarted])
+    old = next(r for r in mesh.registry.candidates("m") if r.session_id != restarted.session_id)
+    mesh.registry.evict(old.session_id, "restarted")
+    assert connections.is_protected(newcomer.peer_id)
+    connections.close()
+
+
+async def test_a_worker_protects_no_replica() -> None:
+    host, connections = host_with_limits()
+    mesh, _, _ = view("worker", host)
+    newcomer = Identity.generate()
+    mesh.registry.apply_remote([serving(newcomer, "m", "10.0.0.4:1")])
+    assert not any(connections.is_protected(p.peer_id) for p in (OTHER, SUSPECT, newcomer))
+    connections.close()

@@ -1,4 +1,4 @@
-"""Registry nodes in one process over real loopback sockets: host, registry, SWIM membership and gossip."""
+"""Registry nodes in one process over real loopback sockets: host, registry, partial view, SWIM and gossip."""
 
 from __future__ import annotations
 
@@ -12,15 +12,24 @@ from opentela.fabric.identity import Identity
 from opentela.registry._config import RegistryConfig
 from opentela.registry.gossip import Gossip
 from opentela.registry.membership import Membership
+from opentela.registry.overlay import Overlay
 from opentela.registry.record import NodeRecord
 from opentela.registry.registry import Registry
 
 
 class Node:
-    """One registry node: a real host, its replica, SWIM and gossip; `aclose` twice is fine (a "dead" node)."""
+    """One registry node: a real host, its replica, overlay, SWIM and gossip; `aclose` twice is fine (a "dead" node)."""
 
-    def __init__(self, host: Host, registry: Registry, membership: Membership, gossip: Gossip) -> None:
+    def __init__(
+        self,
+        host: Host,
+        registry: Registry,
+        membership: Membership,
+        gossip: Gossip,
+        overlay: Overlay | None = None,
+    ) -> None:
         self.host, self.registry, self.membership, self.gossip = host, registry, membership, gossip
+        self.overlay = overlay
         self.identity = registry.identity
         self.closed = False
 
@@ -37,11 +46,20 @@ class Node:
             addrs=tuple(host.listen_addrs),
         ).signed(identity)
         registry = Registry(identity, record, config=config)
-        membership = Membership(host, registry, config=config)
-        gossip = Gossip(host, registry, membership, config=config)
+        overlay = Overlay(host, registry, config=config) if config.active_view > 0 else None
+        membership = Membership(host, registry, config=config, overlay=overlay)
+        gossip = Gossip(host, registry, membership, config=config, overlay=overlay)
         await membership.start()
         await gossip.start()
-        return cls(host, registry, membership, gossip)
+        if overlay is not None:
+            await overlay.start()
+        return cls(host, registry, membership, gossip, overlay)
+
+    async def join(self, contact: Node) -> None:
+        """Connect to `contact` and, with a partial view, join the overlay through it."""
+        await self.host.connect(contact.host.listen_addrs[0])
+        if self.overlay is not None:
+            self.overlay.join(contact.host.peer_id, tuple(contact.host.listen_addrs))
 
     async def aclose(self) -> None:
         if self.closed:
@@ -49,6 +67,8 @@ class Node:
         self.closed = True
         await self.gossip.aclose()
         await self.membership.aclose()
+        if self.overlay is not None:
+            await self.overlay.aclose()
         await self.host.aclose()
 
 
@@ -57,7 +77,7 @@ async def swarm(n: int, config: RegistryConfig) -> AsyncIterator[list[Node]]:
     nodes = [await Node.create(config) for _ in range(n)]
     try:
         for node in nodes[1:]:
-            await node.host.connect(nodes[0].host.listen_addrs[0])
+            await node.join(nodes[0])
         yield nodes
     finally:
         await asyncio.gather(*(node.aclose() for node in nodes))
