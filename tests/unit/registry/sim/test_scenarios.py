@@ -1,0 +1,54 @@
+"""Small simulated meshes: a join converges, idle traffic grows with N only in a full mesh, churn stays correct."""
+
+from __future__ import annotations
+
+import pytest
+
+from opentela.registry.sim import LOOPBACK, WAN, SimConfig, WireSizes, build, churn, idle, join
+from opentela.registry.sim.config import Mode
+
+
+@pytest.fixture(scope="module")
+def sizes() -> WireSizes:
+    return WireSizes.measure()
+
+
+@pytest.mark.parametrize("mode", ["full_mesh", "partial_view"])
+def test_a_join_reaches_every_node_of_a_50_node_mesh(sizes: WireSizes, mode: Mode) -> None:
+    mesh = build(SimConfig(nodes=50, mode=mode, link=WAN, seed=3), sizes)
+    result = join(mesh)
+    assert result["replicas"] == 50 and result["missing"] == 0
+    assert result["p50_s"] <= result["p95_s"] <= result["slowest_s"] < 5.0
+    # The joiner pulled the whole registry from its bootstrap peer on connecting.
+    assert result["joiner_knows"] == 51
+
+
+def _idle_bytes(sizes: WireSizes, mode: Mode, n: int) -> float:
+    mesh = build(SimConfig(nodes=n, mode=mode, link=LOOPBACK, seed=5), sizes)
+    return float(idle(mesh, 30.0)["bytes_per_node_per_s"]["mean"])
+
+
+def test_idle_traffic_grows_with_n_in_a_full_mesh_and_stays_bounded_with_partial_views(
+    sizes: WireSizes,
+) -> None:
+    # Keepalive on every connection of a full mesh grows with N; a partial view keeps a node's peers fixed.
+    full_small, full_large = _idle_bytes(sizes, "full_mesh", 24), _idle_bytes(sizes, "full_mesh", 192)
+    view_small, view_large = _idle_bytes(sizes, "partial_view", 24), _idle_bytes(sizes, "partial_view", 192)
+    assert full_large > 1.5 * full_small
+    assert view_large < 1.25 * view_small
+    assert view_large < full_large
+
+
+@pytest.mark.parametrize("mode", ["full_mesh", "partial_view"])
+def test_churn_keeps_every_view_of_serving_replicas_correct(sizes: WireSizes, mode: Mode) -> None:
+    mesh = build(SimConfig(nodes=40, mode=mode, link=WAN, seed=11, bootstraps=2), sizes)
+    result = churn(mesh, seconds=60.0, rate=0.1)
+    assert result["replaced"] >= 3 and result["changes"]["crash"] >= 1
+    assert result["false_evictions"] == 0
+    assert result["crash_resolved"]["missing"] == 0 and result["serve_resolved"]["missing"] == 0
+    # A crash is undone everywhere once its eviction spreads: the witness writes it at its first protocol period
+    # after the grace (so up to one period past the detection bound), then it floods the mesh.
+    config = mesh.registry_config
+    allowed = result["bound_s"] + config.probe_interval + 2.0
+    assert result["crash_resolved"]["slowest_s"] <= allowed and result["worst_open_age_s"] <= allowed
+    assert result["serve_resolved"]["slowest_s"] <= 2 * config.anti_entropy_interval + 1.0

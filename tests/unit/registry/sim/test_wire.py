@@ -1,0 +1,87 @@
+"""Message sizes and byte accounting: the simulator's sizes are what the real encoders produce."""
+
+from __future__ import annotations
+
+import random
+import uuid
+
+import msgpack
+import pytest
+
+from opentela.fabric.messages import encode_msg
+from opentela.registry.sim.events import EventLoop
+from opentela.registry.sim.network import PROBE, LinkModel, Network
+from opentela.registry.sim.wire import WireSizes, view_batch, view_message
+
+
+@pytest.fixture(scope="module")
+def sizes() -> WireSizes:
+    return WireSizes.measure()
+
+
+def test_probe_messages_match_hand_computed_sizes(sizes: WireSizes) -> None:
+    # {"p": <32-char session>}: fixmap(1) + "p"(2) + str8 header(2) + 32, and the u32 length: 41 bytes, as
+    # docs/registry.md says; {"a": 0} is 8. TLS 1.3 adds 5 + 1 + 16 to each record.
+    assert sizes.ping[0] == 41 and sizes.ack[0] == 8
+    assert sizes.tls_overhead == 22
+    assert sizes.syn_probe == 12 + 1 + len("/otela/probe/1")
+    assert sizes.rst_cancel == 12 + 4 + len("stream closed before the end of its data")
+    # Each update [status, session, incarnation] adds 1 + 1 + 34 + 1 bytes; the "u" key and list header 3.
+    assert sizes.ping[1] == 41 + 2 + 1 + 37 and sizes.ping[2] == sizes.ping[1] + 37
+    initiator, responder = sizes.probe(sizes.ping[0], sizes.ack[0])
+    assert initiator == 22 + 12 + 15 + 41
+    assert responder == 22 + 12 + 8 + sizes.rst_cancel
+
+
+def test_digest_want_and_records_match_msgpack(sizes: WireSizes) -> None:
+    sessions = [uuid.uuid4().hex for _ in range(300)]
+    for n in (0, 1, 15, 16, 300):
+        digest = {"t": "digest", "d": {s: [1, 3] for s in sessions[:n]}}
+        assert sizes.digest(n) == len(encode_msg(digest))
+        assert sizes.want(n) == len(encode_msg({"t": "want", "k": sessions[:n]}))
+    record = {"x": "y" * 1500}
+    one = len(msgpack.packb(record))
+    for count in (1, 5, 256, 300):
+        chunks = [list(range(i, min(count, i + 256))) for i in range(0, count, 256)]
+        real = sum(len(encode_msg({"t": "recs", "r": [record] * len(c)})) + 12 for c in chunks)
+        assert sizes.records_message(one * count, count, 256) == real
+
+
+def test_overlay_messages_match_msgpack(sizes: WireSizes) -> None:
+    peer, addrs = sizes.example_peer, sizes.example_addrs
+    walk = {"t": "forward_join", "p": peer, "a": list(addrs), "ttl": 6}
+    assert view_message(peer, addrs, "forward_join", True, 6, False, 0) == len(msgpack.packb(walk))
+    shuffle = {"t": "shuffle", "p": peer, "a": list(addrs), "ttl": 6, "s": [peer] * 8}
+    size = view_message(peer, addrs, "shuffle", True, 6, False, 8)
+    assert size == len(msgpack.packb(shuffle))
+    assert view_batch([size, size]) == len(encode_msg({"m": [shuffle, shuffle]}))
+
+
+def test_records_weigh_a_few_kilobytes_and_tombstones_less(sizes: WireSizes) -> None:
+    join, serving, down, left = sizes.record
+    assert 500 < join < serving < 4096 and left < join and down >= serving - 8
+
+
+def test_network_counts_each_byte_at_both_ends(sizes: WireSizes) -> None:
+    loop = EventLoop()
+    net = Network(
+        loop,
+        sizes,
+        LinkModel(latency=(0.01, 0.01), bandwidth=0),
+        random.Random(1),
+        keepalive_interval=15.0,
+        keepalive_timeout=10.0,
+    )
+    a, b = net.add_node(), net.add_node()
+    got: list[float] = []
+    assert net.send(a, b, 100, PROBE, lambda: got.append(loop.now))
+    handshake = sizes.handshake_dialer + sizes.handshake_listener
+    assert net.sent[a] == 100 + sizes.handshake_dialer and net.recv[b] == 100 + sizes.handshake_dialer
+    assert net.sent[b] == sizes.handshake_listener and net.recv[a] == sizes.handshake_listener
+    loop.run_until(1.0)
+    assert got == [pytest.approx(0.01 * 9)]  # four round trips of handshake, then one way
+    # 40 silent seconds: two keepalive intervals, in each both ends PING and answer the other's.
+    loop.run_until(41.0)
+    net.settle()
+    assert net.sent[a] + net.recv[a] == pytest.approx(100 + handshake + 2 * 4 * sizes.keepalive)
+    assert net.open_connections(a) == net.open_connections(b) == 1
