@@ -13,6 +13,7 @@ from opentela._types import Stream
 from opentela.fabric._config import FabricConfig
 from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
+from stream_kit import echo, read_all, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -21,27 +22,6 @@ SPOKE = FabricConfig(dial_timeout=2.0, handshake_timeout=2.0, keepalive_interval
 HUB = dataclasses.replace(SPOKE, conn_low_water=2, conn_high_water=3, conn_grace=0, conn_idle_timeout=0)
 
 MakeHost = Callable[[FabricConfig], Awaitable[Host]]
-
-
-async def echo(stream: Stream) -> None:
-    while chunk := await stream.read():
-        await stream.write(chunk)
-    await stream.write_eof()
-
-
-async def read_all(stream: Stream) -> bytes:
-    parts = []
-    while chunk := await stream.read():
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            if predicate():
-                return
-            await asyncio.sleep(0.005)
 
 
 async def echo_through(spoke: Host, hub: Host, payload: bytes) -> bytes:
