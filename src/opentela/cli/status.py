@@ -41,6 +41,28 @@ def hardware_text(hw: dict[str, Any]) -> str:
     return f"{head}, {round(ram / 1024)} GiB RAM" if ram else head
 
 
+def model_text(model: Any) -> str:
+    """A served model with what its engine advertises: ``m (vllm, awq, bf16, tp 2, ctx 32768)``."""
+    if not isinstance(model, dict):
+        return "?"
+    settings = model.get("settings")
+    settings = settings if isinstance(settings, dict) else {}
+    parts = [str(model.get("engine") or "")]
+    for key, label in (
+        ("quantization", ""),
+        ("dtype", ""),
+        ("tensor_parallel_size", "tp "),
+        ("pipeline_parallel_size", "pp "),
+        ("context_length", "ctx "),
+    ):
+        value = settings.get(key)
+        if value is not None and value != "" and not (label and value == 1):
+            parts.append(f"{label}{value}")
+    details = ", ".join(p for p in parts if p)
+    name = str(model.get("id", ""))
+    return f"{name} ({details})" if details else name
+
+
 def notice_text(notice: dict[str, Any], now: float) -> str:
     """One warning as a line: its code, for how long it has been up, and what to do."""
     since = notice.get("since")
@@ -85,7 +107,7 @@ def status_table(title: str, table: list[dict[str, Any]], peers: list[dict[str, 
             ",".join(rec.get("roles", [])),
             state,
             hardware_text(rec.get("hardware") or {}),
-            ", ".join(m.get("id", "") for m in rec.get("models", []))
+            ", ".join(model_text(m) for m in rec.get("models", []))
             # An idle node says what it was assigned (starting, or why the assignment failed).
             or (f"- ({str(rec['reason'])[:80]})" if rec.get("reason") and state.startswith("JOIN") else "-"),
             ", ".join(rec.get("addrs", [])[:1]),

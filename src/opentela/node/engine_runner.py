@@ -26,6 +26,7 @@ from opentela.engines.base import EngineSpec, advertised_settings
 from opentela.errors import EngineCrashedError, UpstreamTimeout
 from opentela.node._config import NodeConfig
 from opentela.node.engine_health import check_http, watch_health
+from opentela.node.engine_settings import engine_settings
 from opentela.node.logwatch import FatalLogWatch
 from opentela.node.supervisor import EngineSupervisor
 from opentela.registry.record import ModelEntry
@@ -167,7 +168,12 @@ class EngineRunner:
             logger.error("engine never became ready: %s", exc)
             await self._not_served(f"engine not ready: {exc.message}")
             return
-        extra: dict[str, Any] = {"memory_mib": self.memory_mib} if self.memory_mib is not None else {}
+        # What the engine runs with (quantization, dtype, parallelism, window...), then the node's own notes.
+        extra: dict[str, Any] = await engine_settings(self.spec, served)
+        if self.retired:
+            return  # stopped while its settings were read: it never serves
+        if self.memory_mib is not None:
+            extra["memory_mib"] = self.memory_mib
         if self.profile:
             extra["profile"] = self.profile
         self._extra = extra
