@@ -39,8 +39,19 @@ from opentela.openai_edge import estimate_text_tokens, sse_error_event
 
 logger = logging.getLogger(__name__)
 
-PASSED_HEADERS = ("x-otela-request-id", "x-otela-node", "x-otela-session", "x-otela-provider")
+PASSED_HEADERS = (
+    "x-otela-request-id",
+    "x-otela-node",
+    "x-otela-session",
+    "x-otela-provider",
+    "x-otela-model",
+)
 CHECKPOINT_EVERY_S = 2.0
+RESPONSES_PATH = "/v1/responses"
+NO_STREAM_OPTIONS = ("/v1/embeddings", RESPONSES_PATH)
+"""Paths whose bodies take no `stream_options` (Responses streams report usage in their terminal event)."""
+RESPONSES_TERMINAL = {"response.completed": "ok", "response.incomplete": "ok", "response.failed": "error"}
+"""The events that end a Responses stream, and the row status each gives; the row is completed before them."""
 
 
 @dataclass
@@ -62,7 +73,7 @@ def plan_forward(path: str, body: dict[str, Any], stream: bool, headers: dict[st
     """Ask a stream for its usage in the final chunk (stream_options.include_usage), remembering if the client did."""
     options = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else None
     wants = bool(options and options.get("include_usage"))
-    if stream and path != "/v1/embeddings":
+    if stream and path not in NO_STREAM_OPTIONS:
         body = {**body, "stream_options": {**(options or {}), "include_usage": True}}
     return ForwardPlan(path, body, headers, stream, wants)
 
@@ -219,12 +230,38 @@ async def _whole(resp: UpstreamResponse, ledger: UsageLedger, admission: Admissi
     )
 
 
+def reported_usage(payload: Any) -> tuple[int, int] | None:
+    """(input, output) tokens a chat or completion answer, a Response, or a Responses stream's terminal event
+    reports, if it reports them."""
+    found = usage_from(payload)
+    if found is not None or not isinstance(payload, dict):
+        return found
+    response = payload.get("response")
+    usage = (response if isinstance(response, dict) else payload).get("usage")
+    if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
+        return None
+    output = usage.get("output_tokens")
+    return usage["input_tokens"], output if isinstance(output, int) else 0
+
+
+def _response_text(payload: dict[str, Any]) -> str:
+    """The output text of a Response object."""
+    parts = []
+    for item in payload.get("output") or ():
+        for part in (item.get("content") or ()) if isinstance(item, dict) else ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+    return "".join(parts)
+
+
 def _count_whole(payload: Any, admission: Admission) -> TokenCount:
-    reported = usage_from(payload)
+    reported = reported_usage(payload)
     if reported is not None:
         return TokenCount(reported[0], reported[1], estimated=False)
     text = ""
-    if isinstance(payload, dict):
+    if isinstance(payload, dict) and payload.get("object") == "response":
+        text = _response_text(payload)
+    elif isinstance(payload, dict):
         for choice in payload.get("choices") or ():
             if isinstance(choice, dict):
                 message = choice.get("message")
@@ -235,10 +272,19 @@ def _count_whole(payload: Any, admission: Admission) -> TokenCount:
     return TokenCount(admission.input_estimate, estimate_text_tokens(text), estimated=True)
 
 
+def _response_error(event: dict[str, Any]) -> str | None:
+    response = event.get("response")
+    err = response.get("error") if isinstance(response, dict) else None
+    if not isinstance(err, dict):
+        return None
+    return str(err.get("message", ""))[:1000] or None
+
+
 async def _relay(
     resp: UpstreamResponse, ledger: UsageLedger, admission: Admission, plan: ForwardPlan
 ) -> AsyncIterator[bytes]:
-    """Pass SSE events through one by one; complete the usage row before the [DONE] event is sent."""
+    """Pass SSE events through one by one; complete the usage row before the [DONE] event (a Responses stream's
+    terminal event) is sent."""
     _, provider, node = _meta(resp)
     events = SseEvents()
     reasoning = ReasoningSeen()
@@ -269,10 +315,26 @@ async def _relay(
                     finished = True
                     yield event
                     continue
+                if isinstance(data, dict) and data.get("type") in RESPONSES_TERMINAL:
+                    # A Responses stream ends with this event, not [DONE]: the row is done before it goes out.
+                    reported = reported_usage(data) or reported
+                    failed = RESPONSES_TERMINAL[data["type"]] == "error"
+                    if failed:
+                        error = _response_error(data) or "the response failed"
+                    await _finish(ledger, admission, outcome("error" if error else "ok"))
+                    finished = True
+                    yield event
+                    continue
                 if isinstance(data, dict):
                     reasoning.feed(data)
                     if isinstance(data.get("error"), dict):
                         error = str(data["error"].get("message", "stream error"))[:1000]
+                    elif data.get("type") == "error":
+                        error = str(data.get("message", "stream error"))[:1000]
+                    if data.get("type") == "response.output_text.delta":  # a Responses stream's text
+                        content_chunks += 1
+                        if ttft_ms is None:
+                            ttft_ms = round((time.time() - admission.started_at) * 1000, 3)
                     usage = usage_from(data)
                     if usage is not None:
                         reported = usage

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opentela.errors import ConfigError
+from opentela.gateway.model_names import ModelNames
 from opentela.gateway.timeout_classes import TimeoutClasses
 
 
@@ -115,6 +116,26 @@ class GatewayConfig:
             "`reasoning = true`, else `default`."
         },
     )
+    model_aliases: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`ALIAS=MODEL_ID` entries: requests naming ALIAS go to replicas of MODEL_ID (usage records "
+            "MODEL_ID); `/v1/models` lists ALIAS with `alias_for`. An alias must point at a served id."
+        },
+    )
+    retired_models: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "`NAME[=REPLACEMENT][|MESSAGE]` entries: requests naming NAME get 404 `model_not_found` "
+            "saying it was retired, naming REPLACEMENT and MESSAGE when given."
+        },
+    )
+    default_model: str = field(
+        default="",
+        metadata={
+            "help": "Model (an id or an alias) for requests that name none; empty: such requests get 400."
+        },
+    )
     prefix_affinity_slack: int = field(
         default=4,
         metadata={
@@ -216,6 +237,7 @@ class GatewayConfig:
             raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")
         self.output_caps()
         TimeoutClasses.from_config(self)
+        self.model_names()
         if (
             self.prefix_affinity_slack < 0
             or not self.prefix_affinity_ttl > 0
@@ -247,3 +269,7 @@ class GatewayConfig:
                 )
             out[model.strip()] = cap
         return out
+
+    def model_names(self) -> ModelNames:
+        """The alias table, retired names and default model; a ConfigError names a bad entry."""
+        return ModelNames.from_entries(self.model_aliases, self.retired_models, self.default_model)

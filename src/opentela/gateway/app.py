@@ -12,6 +12,7 @@ from opentela.gateway._config import GatewayConfig
 from opentela.gateway.access_log import GatewayAccessLogger
 from opentela.gateway.edge import EdgeRunner, edge_middleware
 from opentela.gateway.mesh import Mesh
+from opentela.gateway.responses import RESPONSES_PATH
 from opentela.gateway.routes import infra
 from opentela.gateway.routes.inference import handle_inference
 from opentela.gateway.state import STATE_KEY, GatewayState
@@ -42,10 +43,12 @@ class Gateway:
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[edge_middleware], client_max_size=self.config.max_body_bytes)
         app[STATE_KEY] = self.state
-        for path in edge.INFERENCE_PATHS:
+        for path in (*edge.INFERENCE_PATHS, RESPONSES_PATH):
             app.router.add_post(path, handle_inference)
         app.router.add_get("/v1/models", infra.list_models)
+        app.router.add_get("/v1/models/{model:.+}", infra.get_model)
         app.router.add_get("/v1/dnt/table", infra.dnt_table)
+        app.router.add_get("/v1/dnt/names", infra.dnt_names)
         app.router.add_get("/v1/dnt/peers", infra.dnt_peers)
         app.router.add_get("/v1/dnt/rtt", infra.dnt_rtt)
         app.router.add_get("/v1/dnt/bootstraps", infra.dnt_bootstraps)

@@ -15,6 +15,8 @@ from opentela.gateway.metrics import NO_NODE
 from opentela.gateway.output_cap import requested_output
 from opentela.gateway.policies import RoutedRequest
 from opentela.gateway.prompt_prefix import PromptPrefix, prompt_prefix
+from opentela.gateway.responses import ResponsesAnswer
+from opentela.gateway.responses_stream import ResponsesEventStream
 from opentela.gateway.resume import StreamSplice
 from opentela.gateway.routing import OTELA_METADATA_KEYS, RequestRouting
 from opentela.gateway.timeout_classes import TimeoutClass
@@ -46,7 +48,11 @@ def parse_body(raw: bytes, *, prefix: bool = False) -> ParsedBody:
     """Apply the edge's rules to the body; routing options in `metadata` are taken out before it goes on.
 
     With `prefix`, also digest the prompt's prefixes (for `prefix_affinity`; other policies skip the cost)."""
-    payload = edge.parse_body(raw)
+    return body_of(edge.parse_body(raw), raw, prefix=prefix)
+
+
+def body_of(payload: dict[str, Any], raw: bytes, *, prefix: bool = False) -> ParsedBody:
+    """`parse_body` for a body already parsed into `payload` (`raw` must encode it)."""
     model, stream = edge.model_and_stream(payload)
     ours = None
     metadata = payload.get("metadata")
@@ -123,6 +129,10 @@ class Call:
     sent: int = 0
     splice: StreamSplice | None = None
     """Follows a stream's events so that a break after the first byte can resume on another replica."""
+    answer: ResponsesAnswer | None = None
+    """A Responses request served by a chat engine: turns the chat answer into a Response."""
+    events: ResponsesEventStream | None = None
+    """The same, for a streamed answer: writes the Responses events as chat chunks arrive."""
 
     @property
     def model(self) -> str:

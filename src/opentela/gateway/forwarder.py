@@ -8,7 +8,9 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
+from opentela import openai_edge as edge
 from opentela._types import Stream
 from opentela.errors import (
     ConnectionClosedError,
@@ -29,13 +31,14 @@ from opentela.fabric.http_tunnel import (
     encode_request,
     read_response_head,
 )
-from opentela.gateway import resume
+from opentela.gateway import responses, resume
 from opentela.gateway._config import GatewayConfig
-from opentela.gateway.call import Attempt, Call, parse_body
+from opentela.gateway.call import Attempt, Call, body_of
 from opentela.gateway.metrics import NO_NODE, GatewayMetrics
 from opentela.gateway.output_cap import OutputCap
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
-from opentela.gateway.routing import Router, prefer_serving
+from opentela.gateway.responses_stream import ResponsesEventStream
+from opentela.gateway.routing import OTELA_METADATA_KEYS, Router, prefer_serving
 from opentela.gateway.timeout_classes import TimeoutClass, TimeoutClasses
 from opentela.registry.record import NodeRecord
 
@@ -97,8 +100,18 @@ class Forwarder:
     def accept(
         self, request_id: str, path: str, raw: bytes, headers: Mapping[str, str], arrived: float
     ) -> Call:
-        """Parse the body and check that some replica may serve it; raises the client's error if none may."""
-        body = parse_body(raw, prefix=self.router.uses_prefix)
+        """Parse the body and check that some replica may serve it; raises the client's error if none may.
+
+        The model it names is resolved first (an alias becomes the id it stands for, a missing one the default
+        model, a retired one is refused), and a Responses request for engines that lack /v1/responses becomes
+        a chat request whose answer is translated back (gateway/responses.py)."""
+        asked = edge.parse_body(raw)
+        changed = self._resolve_model(asked)
+        answer = None
+        if path == responses.RESPONSES_PATH:
+            path, asked, answer = self._responses(asked, headers)
+            changed = changed or answer is not None
+        body = body_of(asked, json.dumps(asked).encode() if changed else raw, prefix=self.router.uses_prefix)
         routing = self.router.routing_for(headers, body.metadata)
         parsed_at = time.perf_counter()
         pool = self.router.eligible(body.model, routing)
@@ -133,7 +146,47 @@ class Forwarder:
         call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at, limits)
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)
+        if answer is not None:
+            call.answer = answer
+            call.events = ResponsesEventStream(answer) if body.stream else None
         return call
+
+    def _resolve_model(self, payload: dict[str, Any]) -> bool:
+        """Put the served id of the body's model (alias, default) in its place; whether the body changed."""
+        names = self.router.names
+        if not names:
+            return False
+        asked = payload.get("model")
+        model = names.resolve(asked)
+        if model is None or model == asked:
+            return False
+        payload["model"] = model
+        return True
+
+    def model_of(self, raw: bytes) -> str:
+        """The served id the body's model stands for (for the routes' split-model and cold-start paths)."""
+        payload = edge.parse_body(raw)
+        self._resolve_model(payload)
+        return edge.model_and_stream(payload)[0]
+
+    def _responses(
+        self, payload: dict[str, Any], headers: Mapping[str, str]
+    ) -> tuple[str, dict[str, Any], responses.ResponsesAnswer | None]:
+        """(path, body, translator) of a Responses request: as it came when every replica it may go to serves
+        /v1/responses itself, else the chat request that serves it and the translator of its answer."""
+        model, _ = edge.model_and_stream(payload)
+        responses.check_stateless(payload)
+        metadata = payload.get("metadata")
+        ours = (
+            {k: metadata[k] for k in OTELA_METADATA_KEYS if k in metadata}
+            if isinstance(metadata, dict)
+            else {}
+        )
+        pool = self.router.eligible(model, self.router.routing_for(headers, ours or None))
+        if pool and all(responses.serves_responses(r, model) for r in pool):
+            return responses.RESPONSES_PATH, payload, None
+        req = responses.parse_request(payload, OTELA_METADATA_KEYS)
+        return responses.CHAT_PATH, responses.chat_body(req, model), responses.ResponsesAnswer(req, model)
 
     async def dispatch(self, call: Call) -> bytes:
         """The whole answer, or for an event stream its first chunk; retried elsewhere until the client has a
@@ -172,6 +225,8 @@ class Forwarder:
                 f"(timeout class {limits.name})"
             ) from None
         assert attempt.head is not None
+        if call.answer is not None:
+            content = call.answer.whole(attempt.head.status, content)
         if attempt.head.status < 500:
             self._end(attempt, call.routed, ok=True)
         else:  # the last replica's own 5xx, passed on as it is
@@ -224,18 +279,23 @@ class Forwarder:
     async def _pipe(self, call: Call, attempt: Attempt, chunk: bytes, write: Write) -> OpenTelaError | None:
         """Relay one upstream stream, starting with `chunk`, until it ends; the error that broke it, if any."""
         assert attempt.stream is not None
-        stream, splice = attempt.stream, call.splice
+        stream, splice, events = attempt.stream, call.splice, call.events
         loop = asyncio.get_running_loop()
         deadline, idle = call.deadline, call.limits.idle_timeout
         try:
             while chunk:
                 out = splice.feed(chunk) if splice is not None else chunk
+                if events is not None and out:
+                    out = events.feed(out)  # a Responses request served by a chat engine
                 if out:
                     await write(out)
                     call.sent += len(out)
                 async with asyncio.timeout_at(min(deadline, loop.time() + idle)):
                     chunk = await stream.read()
-            if splice is not None and (rest := splice.flush()):
+            rest = splice.flush() if splice is not None else b""
+            if events is not None:
+                rest = events.feed(rest) + events.close()
+            if rest:
                 await write(rest)
                 call.sent += len(rest)
         except TimeoutError:

@@ -8,7 +8,6 @@ from typing import Any
 
 from opentela.errors import (
     InvalidRequestError,
-    ModelNotFoundError,
     NoHealthyReplicaError,
     NoTrustedProviderError,
     OpenTelaError,
@@ -86,6 +85,8 @@ class Router:
         self.mesh = mesh
         self.config = config
         self.health = health or ReplicaHealth(config.cooldown_failures, config.cooldown_seconds)
+        self.names = config.model_names()
+        """Aliases, retired names and the default model (gateway/model_names.py)."""
         self.default_policy = create_policy(config.policy, config)
         self.policies: dict[str, RoutingPolicy] = {config.policy.lower(): self.default_policy}
         for name in config.request_policies:
@@ -143,11 +144,7 @@ class Router:
                 return NoHealthyReplicaError(
                     f"model {model!r} is known but no healthy replica serves it right now"
                 )
-            available = sorted(self.mesh.model_replicas())
-            listing = ", ".join(available) if available else "none are being served"
-            return ModelNotFoundError(
-                f"model {model!r} is not served in this mesh; available models: {listing}", param="model"
-            )
+            return self.names.unknown(model, self.mesh.model_replicas())
         pool = trusted(healthy, routing.allowlist)
         if not pool:
             serving = ", ".join(sorted({c.provider_id for c in healthy}))

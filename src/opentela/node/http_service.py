@@ -32,7 +32,13 @@ from opentela.fabric.http_tunnel import (
 
 logger = logging.getLogger(__name__)
 
-_ALLOWED_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models")
+_ALLOWED_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",  # passed through only to engines that serve it (vLLM); the ingress translates for the rest
+    "/v1/models",
+)
 
 
 ENGINE_KEEPALIVE_S = 4.0

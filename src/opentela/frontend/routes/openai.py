@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Coroutine
 from typing import Any
 
@@ -13,14 +14,23 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
-from opentela.errors import InvalidRequestError, RequestTooLargeError
+from opentela.errors import InvalidRequestError, OpenTelaError, RequestTooLargeError
 from opentela.frontend.errors import ModelNotAllowedError
+from opentela.frontend.ingress import Ingress
 from opentela.frontend.keys import key_info
-from opentela.frontend.metering import abandon, forward, forward_early, plan_forward
+from opentela.frontend.metering import RESPONSES_PATH, abandon, forward, forward_early, plan_forward
 from opentela.frontend.schema import ApiKey
 from opentela.frontend.state import FrontendState, bearer_token, state_of
 from opentela.frontend.token_counts import sampling_params
-from opentela.openai_edge import INFERENCE_PATHS, estimate_input_tokens, parse_body, validate
+from opentela.gateway import responses
+from opentela.gateway.model_names import ModelNames, Retired, unknown_model_error
+from opentela.openai_edge import (
+    INFERENCE_PATHS,
+    estimate_input_tokens,
+    model_and_stream,
+    parse_body,
+    validate,
+)
 
 logger = logging.getLogger(__name__)
 router = APIRouter(tags=["OpenAI-compatible API"])
@@ -71,6 +81,67 @@ def trusted_providers(key: ApiKey, asked: str | None) -> list[str] | None:
     return narrowed
 
 
+NAMES_TTL_S = 10.0
+"""How long the ingress's alias table is reused before it is read again (it changes only when the ingress
+restarts with another configuration)."""
+
+
+class IngressNames:
+    """The ingress's model names (aliases, retired names, default model) as last read from `/v1/dnt/names`.
+
+    The frontend resolves an alias before admission, so the usage row, the key's allowed models and the request
+    forwarded all name the model that serves it. When the ingress cannot say (an older ingress, or none
+    answering), no name is resolved here and the ingress still resolves aliases itself.
+    """
+
+    def __init__(self, ingress: Ingress) -> None:
+        self.ingress = ingress
+        self.names = ModelNames()
+        self.read_at = float("-inf")
+        self._lock = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<IngressNames {self.names!r}>"
+
+    async def current(self) -> ModelNames:
+        """The table, read again when older than NAMES_TTL_S."""
+        if time.monotonic() - self.read_at < NAMES_TTL_S:
+            return self.names
+        async with self._lock:
+            if time.monotonic() - self.read_at >= NAMES_TTL_S:
+                self.names = await self._read()
+                self.read_at = time.monotonic()
+        return self.names
+
+    async def _read(self) -> ModelNames:
+        try:
+            table = await self.ingress.get_json("/v1/dnt/names")
+            retired = {
+                r["id"]: Retired(r["id"], r.get("replacement") or "", r.get("message") or "")
+                for r in table.get("retired") or ()
+                if isinstance(r, dict) and isinstance(r.get("id"), str)
+            }
+            return ModelNames(table.get("aliases") or {}, retired, table.get("default_model") or "")
+        except (OpenTelaError, AttributeError, TypeError) as exc:
+            logger.debug("the ingress did not give its model names: %s", exc)
+            return ModelNames()
+
+
+_NAMES: weakref.WeakKeyDictionary[Ingress, IngressNames] = weakref.WeakKeyDictionary()
+
+
+def ingress_names(st: FrontendState) -> IngressNames:
+    """The cached model names of the state's ingress."""
+    found = _NAMES.get(st.ingress)
+    if found is None:
+        found = _NAMES[st.ingress] = IngressNames(st.ingress)
+    return found
+
+
+def _allowed(key: ApiKey, *names: str) -> bool:
+    return key.allowed_models is None or any(n in key.allowed_models for n in names)
+
+
 CLIENT_CLOSED_REQUEST = 499
 """What the access log shows for a request whose client left before its answer (nobody receives it)."""
 
@@ -111,10 +182,27 @@ async def _inference(request: Request) -> Response:
     raw = await read_limited(request, st.config.max_body_bytes)
     body = parse_body(raw)
     path = request.url.path
-    model, stream = validate(INFERENCE_PATHS[path], body)
-    if key.allowed_models is not None and model not in key.allowed_models:
+    names = await ingress_names(st).current()
+    asked = body.get("model")
+    if names and (asked is None or isinstance(asked, str)):
+        # An alias (or no model: the default) is forwarded, admitted and metered as the model that serves it; a
+        # retired name is refused here, before anything is metered.
+        served = names.resolve(asked)
+        if served is not None:
+            body["model"] = served
+    chat: dict[str, Any] | None = None
+    if path == RESPONSES_PATH:
+        model, stream = model_and_stream(body)
+        responses.check_stateless(body)
+        try:  # the chat request it would become: for the estimate and the trace
+            chat = responses.chat_body(responses.parse_request(body), model)
+        except InvalidRequestError:
+            pass  # only an engine that serves /v1/responses itself takes it: the ingress decides
+    else:
+        model, stream = validate(INFERENCE_PATHS[path], body)
+    if not _allowed(key, model, asked if isinstance(asked, str) else model):
         raise ModelNotAllowedError(
-            f"this key may not use model {model!r}; allowed: {', '.join(key.allowed_models) or 'none'}",
+            f"this key may not use model {model!r}; allowed: {', '.join(key.allowed_models or ()) or 'none'}",
             param="model",
         )
     headers = {"X-Request-Id": request_id}
@@ -123,7 +211,9 @@ async def _inference(request: Request) -> Response:
     if trust is not None:
         headers[TRUST_HEADER] = ",".join(trust)
     plan = plan_forward(path, body, stream, headers)
-    estimate = estimate_input_tokens(body)
+    estimate = estimate_input_tokens(
+        chat or ({"prompt": body.get("input")} if path == RESPONSES_PATH else body)
+    )
     early = forward_early(st.ingress, plan) if st.ledger.may_forward_early(key, estimate) else None
     try:
         admission = await st.ledger.admit(
@@ -133,7 +223,7 @@ async def _inference(request: Request) -> Response:
             model=model,
             stream=stream,
             input_estimate=estimate,
-            sampling=sampling_params(body) if key.log_content else None,
+            sampling=sampling_params(chat or body) if key.log_content else None,
         )
     except BaseException:
         if early is not None:
@@ -148,8 +238,10 @@ async def _inference(request: Request) -> Response:
     response.headers.update(admission.limit_headers)
     if response.status_code < 400 and path != "/v1/embeddings":
         # After the last byte went out (a stream's included): hashing the prompt adds nothing to the answer's time.
+        # A Responses request is traced as the chat request it stands for (its prompt hashes the same way).
+        traced, traced_path = (chat, responses.CHAT_PATH) if chat is not None else (body, path)
         response.background = BackgroundTask(
-            st.trace.after_response, admission, path, body if key.log_content else None, len(raw)
+            st.trace.after_response, admission, traced_path, traced if key.log_content else None, len(raw)
         )
     return response
 
@@ -193,14 +285,26 @@ async def embeddings(request: Request) -> Response:
     return await _inference(request)
 
 
-@router.get("/v1/models", summary="Models this key may use, with their replicas")
-async def models(request: Request) -> JSONResponse:
-    """The ingress's model list, narrowed to the key's allowed models and trusted providers."""
-    key = await authenticate(request)
+@router.post(
+    "/v1/responses",
+    summary="Response (OpenAI's Responses API; streaming with stream=true; nothing is stored)",
+    openapi_extra=_body_doc(
+        ["model", "input"],
+        {"model": "SmolLM2-135M-Instruct", "input": "Hello!", "max_output_tokens": 32},
+    ),
+)
+async def create_response(request: Request) -> Response:
+    """Forward a Responses request (translated to chat completions at the ingress where engines need it)."""
+    return await _inference(request)
+
+
+async def _visible_models(request: Request, key: ApiKey) -> list[dict[str, Any]]:
+    """The ingress's model list narrowed to the key's allowed models and trusted providers; an alias is shown
+    when its name or its target is allowed."""
     listing = await state_of(request).ingress.get_json("/v1/models")
     data = []
     for model in listing.get("data", []):
-        if key.allowed_models is not None and model.get("id") not in key.allowed_models:
+        if not _allowed(key, model.get("id"), model.get("alias_for") or model.get("id")):
             continue
         replicas = model.get("replicas", [])
         if key.trusted_providers is not None:
@@ -208,7 +312,30 @@ async def models(request: Request) -> JSONResponse:
             if not replicas:
                 continue
         data.append({**model, "replicas": replicas})
-    return JSONResponse({"object": "list", "data": data})
+    return data
+
+
+@router.get("/v1/models", summary="Models this key may use, with their replicas")
+async def models(request: Request) -> JSONResponse:
+    """The ingress's model list, narrowed to the key's allowed models and trusted providers."""
+    key = await authenticate(request)
+    return JSONResponse({"object": "list", "data": await _visible_models(request, key)})
+
+
+@router.get("/v1/models/{model_id:path}", summary="One model this key may use (ids may contain slashes)")
+async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
+    """One model object of the list; 404 in OpenAI's error shape, naming close names or a retired name's
+    replacement, when the key cannot see a model by that name."""
+    key = await authenticate(request)
+    data = await _visible_models(request, key)
+    found = next((m for m in data if m.get("id") == model_id), None)
+    if found is not None:
+        return JSONResponse(found)
+    retired = (await ingress_names(state_of(request)).current()).retired.get(model_id)
+    if retired is not None:
+        raise retired.error()
+    served = [m["id"] for m in data if isinstance(m.get("id"), str) and "alias_for" not in m]
+    raise unknown_model_error(model_id, [m["id"] for m in data if isinstance(m.get("id"), str)], served)
 
 
 @router.get("/v1/me", summary="The calling key's settings")

@@ -1,4 +1,5 @@
-"""POST /v1/chat/completions, /v1/completions, /v1/embeddings: frame the forwarder's answer as HTTP."""
+"""POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses: frame the forwarder's answer as
+HTTP."""
 
 from __future__ import annotations
 
@@ -8,13 +9,17 @@ from aiohttp import web
 
 from opentela import openai_edge as edge
 from opentela.errors import ModelNotFoundError, NoHealthyReplicaError
-from opentela.gateway.call import Call, parse_body
+from opentela.gateway.call import Call
 from opentela.gateway.routes.split import handle_split
 from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, state_of
 
+SERVED_MODEL_HEADER = "X-Otela-Model"
+"""The id of the model that served the request (an alias's target), for usage accounting."""
+
 
 def answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
-    """The headers of an answer: the request id, the node, session and provider that served it, timings."""
+    """The headers of an answer: the request id, the model, node, session and provider that served it,
+    timings."""
     attempt = call.attempt
     assert attempt is not None
     target = attempt.target
@@ -23,6 +28,7 @@ def answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
         "X-Otela-Node": target.peer_id,
         "X-Otela-Session": target.session_id,
         "X-Otela-Provider": target.provider_id,
+        SERVED_MODEL_HEADER: call.model,
     }
     if server_timing:
         headers["Server-Timing"] = call.server_timing()
@@ -38,13 +44,13 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
     try:
         call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
     except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
-        model = parse_body(raw).model
+        model = forwarder.model_of(raw)
         if model in st.split.served():
             return await handle_split(request, raw, model)
         # A serverless model with no live replica: wait while a controller starts one (gateway/hold.py).
         if not st.hold.may_hold():
             raise
-        await st.hold.wait(parse_body(raw).model, no_replica)
+        await st.hold.wait(model, no_replica)
         call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
     request[CALL_KEY] = call
     with call:

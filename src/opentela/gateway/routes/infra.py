@@ -57,11 +57,16 @@ def _replica_state(entry: ModelEntry | None) -> dict[str, Any]:
     return out
 
 
-async def list_models(request: web.Request) -> web.Response:
-    """GET /v1/models: the model registry view in OpenAI's shape, with each model's replicas."""
-    gw = state_of(request)
+def model_objects(gw: GatewayState) -> list[dict[str, Any]]:
+    """Every model a request may name, in OpenAI's model shape: served ids with their replicas, split models
+    with their block servers, then aliases (`alias_for` the id, with its replicas); `default: true` marks the
+    default model."""
+    names = gw.router.names
+    shadowed = names.aliases.keys() | names.retired.keys()  # requests for these names never reach a replica
     data = []
     for model, records in sorted(gw.mesh.model_replicas().items()):
+        if model in shadowed:
+            continue
         data.append(
             {
                 "id": model,
@@ -73,7 +78,7 @@ async def list_models(request: web.Request) -> web.Response:
         )
     whole = {m["id"] for m in data}
     for model, records in sorted(gw.split.served().items()):
-        if model in whole:
+        if model in whole or model in shadowed:
             continue  # served whole somewhere: requests go to those replicas
         data.append(
             {
@@ -85,7 +90,35 @@ async def list_models(request: web.Request) -> web.Response:
                 "block_servers": [_block_server(gw, r, model) for r in records],
             }
         )
-    return web.json_response({"object": "list", "data": data})
+    by_id = {m["id"]: m for m in data}
+    for alias, target in sorted(names.aliases.items()):
+        served = by_id.get(target)
+        if served is None:
+            continue  # nothing serves its target now: the alias would only lead to a 404
+        entry = {**served, "id": alias, "alias_for": target}
+        data.append(entry)
+    default = names.default
+    for m in data:
+        if m["id"] == default:
+            m["default"] = True
+    return data
+
+
+async def list_models(request: web.Request) -> web.Response:
+    """GET /v1/models: the model registry view in OpenAI's shape, with each model's replicas, and the aliases."""
+    return web.json_response({"object": "list", "data": model_objects(state_of(request))})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{id}: one model object (ids may hold slashes); 404 in OpenAI's shape, with close names,
+    when nothing by that name is served."""
+    gw = state_of(request)
+    name = request.match_info["model"]
+    data = model_objects(gw)
+    found = next((m for m in data if m["id"] == name), None)
+    if found is None:
+        raise gw.router.names.unknown(name, (m["id"] for m in data if "alias_for" not in m))
+    return web.json_response(found)
 
 
 def _block_server(gw: GatewayState, record: NodeRecord, model: str) -> dict[str, Any]:
@@ -100,6 +133,21 @@ def _block_server(gw: GatewayState, record: NodeRecord, model: str) -> dict[str,
         "block_ms": spans[0].block_ms if spans else 0.0,
         "hardware": _hardware_summary(record),
     }
+
+
+async def dnt_names(request: web.Request) -> web.Response:
+    """GET /v1/dnt/names: the alias table, retired names and default model (small; frontends cache it)."""
+    names = state_of(request).router.names
+    return web.json_response(
+        {
+            "aliases": names.aliases,
+            "retired": [
+                {"id": r.name, "replacement": r.replacement or None, "message": r.message or None}
+                for r in sorted(names.retired.values(), key=lambda r: r.name)
+            ],
+            "default_model": names.default or None,
+        }
+    )
 
 
 async def dnt_table(request: web.Request) -> web.Response:
