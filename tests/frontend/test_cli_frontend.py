@@ -125,6 +125,7 @@ async def test_ingress_with_frontend_in_one_process(tmp_path: Path) -> None:
                 "ingress": f"http://127.0.0.1:{http}",
                 "database": "sqlite",
                 "instance": info["instance"],
+                "login": False,
             }
             token = (tmp_path / "data" / "opentela" / "admin-token").read_text().strip()
             assert (tmp_path / "data" / "opentela" / "admin-token").stat().st_mode & 0o777 == 0o600

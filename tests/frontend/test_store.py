@@ -231,7 +231,7 @@ async def test_migrations_are_idempotent_and_match_the_models(db_url: str) -> No
                 lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata)
             )
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
-        assert diff == [] and version == "0004"
+        assert diff == [] and version == "0005"
     finally:
         await db.aclose()
 

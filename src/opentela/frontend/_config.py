@@ -111,3 +111,61 @@ class FrontendConfig:
             "database, so every replica on it hashes alike."
         },
     )
+    oidc_issuer: str = field(
+        default="",
+        metadata={
+            "help": "Issuer URL of the OpenID Connect provider users log in with (its "
+            "/.well-known/openid-configuration is read on the first login); empty: no login, API keys only."
+        },
+    )
+    oidc_client_id: str = field(
+        default="", metadata={"help": "Client id this frontend is registered under at the provider."}
+    )
+    oidc_client_secret: str = field(
+        default="",
+        metadata={
+            "help": "Client secret, for a confidential client (sent with HTTP Basic); empty: a public client, "
+            "which PKCE alone protects."
+        },
+    )
+    oidc_redirect_url: str = field(
+        default="",
+        metadata={
+            "help": "The callback URL registered at the provider, https://HOST/auth/callback; empty: built from the "
+            "address the browser used (set it behind a reverse proxy)."
+        },
+    )
+    oidc_scopes: tuple[str, ...] = field(
+        default=("openid", "email", "profile"),
+        metadata={"help": "Scopes asked for at login (openid is always included)."},
+    )
+    oidc_allowed_domains: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Email domains admitted (exact match of the part after @; an email the provider marks "
+            "unverified never matches). With neither domains nor groups, everyone the provider authenticates."
+        },
+    )
+    oidc_allowed_groups: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Groups admitted (any one of them suffices; a user matching a domain is admitted too)."
+        },
+    )
+    oidc_groups_claim: str = field(
+        default="groups",
+        metadata={
+            "help": "Claim holding a user's groups, a list or one string; dots walk into objects "
+            "(`realm_access.roles`). Read from the ID token, else from the userinfo endpoint."
+        },
+    )
+    session_hours: float = field(
+        default=12.0, metadata={"help": "How long a login lasts before the dashboard asks to log in again."}
+    )
+    session_secret: str = field(
+        default="",
+        metadata={
+            "help": "Key that signs the login and session cookies; empty: generated once and kept in the database, "
+            "so every replica on it signs alike."
+        },
+    )

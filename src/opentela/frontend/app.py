@@ -18,7 +18,8 @@ from swagger_ui_bundle import swagger_ui_path
 from opentela import __version__
 from opentela.frontend.access_log import AccessLogMiddleware
 from opentela.frontend.error_handlers import install_error_handlers
-from opentela.frontend.routes import admin, dashboard, openai
+from opentela.frontend.login import Login
+from opentela.frontend.routes import admin, auth, dashboard, me, openai
 from opentela.frontend.routes.dashboard import STATIC
 from opentela.frontend.state import FrontendState
 
@@ -27,7 +28,8 @@ logger = logging.getLogger(__name__)
 DESCRIPTION = """
 OpenAI-compatible API in front of an OpenTela ingress: every request is authenticated with an API key, checked
 against the key's rate limits and budget, forwarded to the mesh and metered (one usage row per request).
-Management endpoints under `/admin` need the admin token. Errors use the OpenAI error JSON shape.
+Management endpoints under `/admin` need the admin token; `/api/me` is the self-service of users who logged in
+with OpenID Connect (`/auth/login`). Errors use the OpenAI error JSON shape.
 """
 
 
@@ -100,8 +102,8 @@ def _without_telemetry() -> dict[str, Any]:
     return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False}}
 
 
-def create_app(state: FrontendState) -> FastAPI:
-    """The application over shared `state`."""
+def create_app(state: FrontendState, login: Login) -> FastAPI:
+    """The application over shared `state`, with `login` for users' sessions and self-service."""
     # The API reference is served from a packaged Swagger UI: the dashboard must work with no internet access.
     app = FastAPI(
         title="OpenTela frontend",
@@ -112,12 +114,15 @@ def create_app(state: FrontendState) -> FastAPI:
         **_without_telemetry(),
     )
     app.state.frontend = state
+    app.state.login = login
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=_docs_csp(bytes(_docs_page().body).decode()))
     app.add_middleware(AccessLogMiddleware)
     install_error_handlers(app)
     app.include_router(openai.router)
     app.include_router(admin.router)
     app.include_router(dashboard.router)
+    app.include_router(auth.router)
+    app.include_router(me.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.mount("/docs-assets", StaticFiles(directory=swagger_ui_path), name="docs-assets")
 

@@ -5,16 +5,20 @@ from __future__ import annotations
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event, text
+from sqlalchemy import event, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from opentela.errors import ConfigError
 from opentela.frontend.pg_calls import PostgresCalls
+from opentela.frontend.schema import FrontendSetting
 
 logger = logging.getLogger(__name__)
 
@@ -164,3 +168,17 @@ class Database:
         if self.postgres is not None:
             await self.postgres.aclose()
         await self.engine.dispose()
+
+
+async def kept_setting(db: Database, name: str, fresh: Callable[[], str]) -> str:
+    """The value of setting `name` kept in the database, created with `fresh()` on first use: replicas starting
+    together race to insert, one wins, and every one reads the winner's value."""
+    make = pg_insert if db.dialect == "postgresql" else sqlite_insert
+    async with db.session() as s, s.begin():
+        await s.execute(
+            make(FrontendSetting)
+            .values(name=name, value=fresh())
+            .on_conflict_do_nothing(index_elements=[FrontendSetting.name])
+        )
+        value = await s.scalar(select(FrontendSetting.value).where(FrontendSetting.name == name))
+    return str(value)

@@ -1,4 +1,5 @@
-"""API keys: random secrets shown once, stored as SHA-256 with a visible prefix; create, list, revoke, rotate."""
+"""API keys: random secrets shown once, stored as SHA-256 with a visible prefix; create, list, revoke, rotate (an
+administrator any key, a logged-in user only their own)."""
 
 from __future__ import annotations
 
@@ -125,7 +126,41 @@ def key_info(key: ApiKey, now: float | None = None) -> dict[str, Any]:
         "allowed_models": _names(key.allowed_models),
         "trusted_providers": _names(key.trusted_providers),
         "log_content": bool(key.log_content),
+        "owner_id": str(key.owner_id) if key.owner_id else None,
     }
+
+
+def new_key(settings: KeySettings, owner_id: str | None = None) -> tuple[ApiKey, str]:
+    """The row of a new key with these (validated) settings, and its secret; nothing is written yet."""
+    settings.validate()
+    secret = new_secret()
+    key = ApiKey(
+        id=uuid.uuid4().hex,
+        name=settings.name,
+        prefix=visible_prefix(secret),
+        secret_hash=hash_secret(secret),
+        created_at=time.time(),
+        expires_at=settings.expires_at,
+        budget_tokens=settings.budget_tokens,
+        budget_requests=settings.budget_requests,
+        budget_period=settings.budget_period,
+        rpm_limit=settings.rpm_limit,
+        tpm_limit=settings.tpm_limit,
+        allowed_models=list(settings.allowed_models) if settings.allowed_models is not None else None,
+        trusted_providers=list(settings.trusted_providers)
+        if settings.trusted_providers is not None
+        else None,
+        log_content=settings.log_content,
+        owner_id=owner_id,
+    )
+    return key, secret
+
+
+def _owned(key: ApiKey | None, key_id: str, owner_id: str | None) -> ApiKey:
+    # Someone else's key answers exactly as a missing one: a user learns nothing about keys that are not theirs.
+    if key is None or (owner_id is not None and key.owner_id != owner_id):
+        raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+    return key
 
 
 KEY_CACHE_ENTRIES = 10_000
@@ -150,63 +185,42 @@ class KeyStore:
     def _forget(self, key: ApiKey) -> None:
         self._cache.pop(key.secret_hash, None)
 
-    async def create(self, settings: KeySettings) -> tuple[ApiKey, str]:
+    async def create(self, settings: KeySettings, owner_id: str | None = None) -> tuple[ApiKey, str]:
         """A new key and its secret (the only time the secret exists outside the caller's hands)."""
-        settings.validate()
-        secret = new_secret()
-        key = ApiKey(
-            id=uuid.uuid4().hex,
-            name=settings.name,
-            prefix=visible_prefix(secret),
-            secret_hash=hash_secret(secret),
-            created_at=time.time(),
-            expires_at=settings.expires_at,
-            budget_tokens=settings.budget_tokens,
-            budget_requests=settings.budget_requests,
-            budget_period=settings.budget_period,
-            rpm_limit=settings.rpm_limit,
-            tpm_limit=settings.tpm_limit,
-            allowed_models=list(settings.allowed_models) if settings.allowed_models is not None else None,
-            trusted_providers=(
-                list(settings.trusted_providers) if settings.trusted_providers is not None else None
-            ),
-            log_content=settings.log_content,
-        )
+        key, secret = new_key(settings, owner_id)
         async with self.db.session() as s, s.begin():
             s.add(key)
         return key, secret
 
-    async def list(self) -> list[ApiKey]:
-        """Every key, newest first."""
+    async def list(self, owner_id: str | None = None) -> list[ApiKey]:
+        """Every key, or every key of one user, newest first."""
+        query = select(ApiKey).order_by(ApiKey.created_at.desc())
+        if owner_id is not None:
+            query = query.where(ApiKey.owner_id == owner_id)
         async with self.db.session() as s:
-            return list((await s.scalars(select(ApiKey).order_by(ApiKey.created_at.desc()))).all())
+            return list((await s.scalars(query)).all())
 
-    async def get(self, key_id: str) -> ApiKey:
-        """One key by id (404 when there is none)."""
+    async def get(self, key_id: str, owner_id: str | None = None) -> ApiKey:
+        """One key by id (404 when there is none, or when `owner_id` is given and the key is someone else's)."""
         async with self.db.session() as s:
-            key = await s.get(ApiKey, key_id)
-        if key is None:
-            raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
-        return key
+            return _owned(await s.get(ApiKey, key_id), key_id, owner_id)
 
-    async def revoke(self, key_id: str) -> ApiKey:
-        """Revoke at once; requests with the key fail with 401 from now on. Idempotent."""
+    async def revoke(self, key_id: str, owner_id: str | None = None) -> ApiKey:
+        """Revoke at once; requests with the key fail with 401 from now on. Idempotent. With `owner_id`, only that
+        user's key (another's answers 404, as if it did not exist)."""
         async with self.db.session() as s, s.begin():
-            key = await s.get(ApiKey, key_id)
-            if key is None:
-                raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+            key = _owned(await s.get(ApiKey, key_id), key_id, owner_id)
             if key.revoked_at is None:
                 key.revoked_at = time.time()
         self._forget(key)
         return key
 
-    async def rotate(self, key_id: str) -> tuple[ApiKey, str]:
-        """A new secret for the same key (settings and usage history stay); the old secret stops working."""
+    async def rotate(self, key_id: str, owner_id: str | None = None) -> tuple[ApiKey, str]:
+        """A new secret for the same key (settings and usage history stay); the old secret stops working. With
+        `owner_id`, only that user's key."""
         secret = new_secret()
         async with self.db.session() as s, s.begin():
-            key = await s.get(ApiKey, key_id)
-            if key is None:
-                raise KeyNotFoundError(f"no API key with id {key_id!r}", param="key_id")
+            key = _owned(await s.get(ApiKey, key_id), key_id, owner_id)
             if key.revoked_at is not None:
                 raise KeyRevokedError("a revoked key cannot be rotated; create a new one")
             self._forget(key)

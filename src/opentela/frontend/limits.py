@@ -1,9 +1,11 @@
-"""Rate limits and budgets as pure arithmetic: windows, reset times, and which limit a request would break."""
+"""Rate limits and budgets as pure arithmetic: windows, reset times, which limit a request would break, and which
+group's limits a self-service user gets."""
 
 from __future__ import annotations
 
 import calendar
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,3 +130,42 @@ def refusal_error(refusal: Refusal, now: float) -> OpenTelaError:
         if refusal.kind == "rate":
             details["retry_after"] = refusal.retry_after(now)
     return cls(message, **details)
+
+
+DEFAULT_GROUP = "*"
+"""The group limits of users none of whose groups has limits of its own."""
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """What the members of one group may do for themselves: how many active keys they may hold at once, and the
+    limits every key they create gets (the key settings above; None: unlimited)."""
+
+    max_keys: int = 3
+    budget_tokens: int | None = None
+    budget_requests: int | None = None
+    budget_period: str = "month"
+    rpm_limit: int | None = None
+    tpm_limit: int | None = None
+    allowed_models: tuple[str, ...] | None = None
+
+
+BUILTIN_GROUP_LIMITS = GroupLimits()
+"""What applies when neither a user's groups nor `*` has limits: three keys, each without limits."""
+
+
+def pick_group(groups: Iterable[str], table: Mapping[str, GroupLimits]) -> tuple[str | None, GroupLimits]:
+    """The group whose limits a user gets, and those limits.
+
+    Of the user's groups that have limits, the one allowing the most keys (ties: the first name in sorting order):
+    one group's limits as a whole, since budgets of different periods cannot be merged field by field. Else the
+    `*` group's, else the built-in ones (group None).
+    """
+    mine = sorted({g for g in groups if g in table and g != DEFAULT_GROUP})
+    if mine:
+        most = max(table[g].max_keys for g in mine)
+        best = next(g for g in mine if table[g].max_keys == most)
+        return best, table[best]
+    if DEFAULT_GROUP in table:
+        return DEFAULT_GROUP, table[DEFAULT_GROUP]
+    return None, BUILTIN_GROUP_LIMITS

@@ -1,5 +1,5 @@
 """The frontend's tables: API keys (hashes only), one usage row per request, per-key budget and rate counters,
-and the frontend's own settings."""
+the frontend's own settings, and the users who log in with OpenID Connect, their sessions and their groups' limits."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -44,6 +45,10 @@ class ApiKey(Base):
     allowed_models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     trusted_providers: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     log_content: Mapped[bool] = mapped_column(Boolean, default=True)
+    owner_id: Mapped[str | None] = mapped_column(
+        String(32), ForeignKey("users.id"), nullable=True, index=True
+    )
+    """The user who made the key for themselves (frontend/self_service.py); null for keys an administrator made."""
 
 
 class UsageRow(Base):
@@ -125,6 +130,56 @@ class FrontendSetting(Base):
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[str] = mapped_column(Text)
+
+
+class User(Base):
+    """Someone who logged in through the OpenID Connect provider: known by the provider's issuer and subject."""
+
+    __tablename__ = "users"
+    __table_args__ = (UniqueConstraint("issuer", "subject", name="uq_users_issuer_subject"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    issuer: Mapped[str] = mapped_column(String(500))
+    subject: Mapped[str] = mapped_column(String(255))
+    email: Mapped[str | None] = mapped_column(String(320), nullable=True)
+    name: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    groups: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    """The groups the provider named at the last login (the configured claim)."""
+    created_at: Mapped[float] = mapped_column(Float)
+    last_login_at: Mapped[float] = mapped_column(Float)
+
+
+class UserSession(Base):
+    """A logged-in browser: the cookie holds a random secret, the table only its SHA-256 (like API keys)."""
+
+    __tablename__ = "user_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(String(32), ForeignKey("users.id"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    id_token: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """The provider's ID token of the login, sent back as the hint when the user logs out there too."""
+
+
+class GroupLimit(Base):
+    """What the members of one provider group may do for themselves: how many keys, and each new key's limits.
+
+    The group `*` applies to users none of whose groups has a row.
+    """
+
+    __tablename__ = "group_limits"
+
+    group_name: Mapped[str] = mapped_column(String(200), primary_key=True)
+    max_keys: Mapped[int] = mapped_column(Integer)
+    budget_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_requests: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    budget_period: Mapped[str] = mapped_column(String(16), default="month")
+    rpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    tpm_limit: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    allowed_models: Mapped[list[str] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 USAGE_STATUSES = ("pending", "ok", "error", "cancelled", "interrupted")

@@ -25,6 +25,7 @@ from opentela.frontend.ingress import Ingress, IngressClient
 from opentela.frontend.ingress_inprocess import InProcessIngress
 from opentela.frontend.keys import KeyStore
 from opentela.frontend.local_admission import AdmissionLock, admission_lock_path
+from opentela.frontend.login import Login
 from opentela.frontend.state import FrontendState
 from opentela.frontend.trace_recorder import TraceRecorder, trace_salt
 from opentela.frontend.usage import UsageLedger
@@ -126,9 +127,10 @@ def _admission_mode(mode: str, db: Database) -> tuple[bool, AdmissionLock | None
 class Frontend:
     """API keys, metering and the dashboard in front of one ingress. Build with `await Frontend.create(...)`."""
 
-    def __init__(self, state: FrontendState) -> None:
+    def __init__(self, state: FrontendState, login: Login) -> None:
         self.state = state
-        self.app = create_app(state)
+        self.login = login
+        self.app = create_app(state, login)
         self.url = ""
         self._server: _EmbeddedServer | None = None
         self._task: asyncio.Task[None] | None = None
@@ -166,6 +168,8 @@ class Frontend:
             trace = TraceRecorder(
                 ledger.writer, await trace_salt(db, config.trace_salt), config.prefix_hashes
             )
+            keys = KeyStore(db, cache_seconds=config.key_cache_seconds)
+            login = await Login.create(config, db, keys)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -179,8 +183,7 @@ class Frontend:
         )
         http = IngressClient(config.ingress, request_timeout=config.request_timeout)
         ingress: Ingress = http if gateway is None else InProcessIngress(gateway, http)
-        keys = KeyStore(db, cache_seconds=config.key_cache_seconds)
-        frontend = cls(FrontendState(config, db, keys, ledger, ingress, admin_token, trace))
+        frontend = cls(FrontendState(config, db, keys, ledger, ingress, admin_token, trace), login)
         frontend._lock = lock
         return frontend
 
@@ -227,6 +230,7 @@ class Frontend:
                 await self._task
             self._server = self._task = None
         await self.state.ingress.aclose()
+        await self.login.aclose()
         try:
             await self.state.trace.aclose()
             await self.state.ledger.aclose()

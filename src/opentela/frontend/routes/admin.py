@@ -1,17 +1,22 @@
 """Management endpoints (admin token): keys and the usage of everyone, including the trace export and the
-workload statistics."""
+workload statistics; the limits of self-service users per group, and the users who logged in."""
 
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from opentela.errors import InvalidRequestError, NotFoundError
 from opentela.frontend.errors import AdminRequiredError
 from opentela.frontend.keys import MAX_EXPIRES_AT, MAX_LIMIT, KeySettings, key_info, tokens_match
+from opentela.frontend.limits import GroupLimits
+from opentela.frontend.login import login_of
 from opentela.frontend.routes.openai import usage_json
+from opentela.frontend.self_service import limits_json, user_json
 from opentela.frontend.state import bearer_token, state_of
 from opentela.frontend.workload import workload
 
@@ -86,9 +91,9 @@ async def create_key(request: Request, body: KeyCreate) -> JSONResponse:
 
 
 @router.get("/keys", summary="List keys")
-async def list_keys(request: Request) -> JSONResponse:
-    """Every key, newest first (prefixes only)."""
-    return JSONResponse({"data": [key_info(k) for k in await state_of(request).keys.list()]})
+async def list_keys(request: Request, owner_id: str | None = None) -> JSONResponse:
+    """Every key, or one user's (`owner_id`), newest first (prefixes only)."""
+    return JSONResponse({"data": [key_info(k) for k in await state_of(request).keys.list(owner_id=owner_id)]})
 
 
 @router.get("/keys/{key_id}", summary="One key")
@@ -156,3 +161,77 @@ async def workload_stats(request: Request, window: str = "day") -> JSONResponse:
     """Tokens per model, burstiness, length percentiles and CDFs, output ratio, prefix reuse and reasoning
     latency of the window's completed requests (docs/frontend.md, Workload)."""
     return JSONResponse(await workload(state_of(request).db, window))
+
+
+MAX_KEYS_PER_USER = 1000
+
+
+class GroupLimitsBody(BaseModel):
+    """What the members of a group may do for themselves; every per-key limit is optional (null: unlimited)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_keys: int = Field(3, ge=0, le=MAX_KEYS_PER_USER, description="Active keys a member may hold at once")
+    budget_tokens: int | None = Field(
+        None, ge=0, le=MAX_LIMIT, description="Each new key's tokens per period"
+    )
+    budget_requests: int | None = Field(
+        None, ge=0, le=MAX_LIMIT, description="Each new key's requests per period"
+    )
+    budget_period: Literal["day", "week", "month", "total"] = Field(
+        "month", description="The budgets' period"
+    )
+    rpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Each new key's requests per minute")
+    tpm_limit: int | None = Field(None, ge=0, le=MAX_LIMIT, description="Each new key's tokens per minute")
+    allowed_models: list[str] | None = Field(None, description="Models each new key may use (null: all)")
+
+    def limits(self) -> GroupLimits:
+        """As the pure limits."""
+        return GroupLimits(
+            max_keys=self.max_keys,
+            budget_tokens=self.budget_tokens,
+            budget_requests=self.budget_requests,
+            budget_period=self.budget_period,
+            rpm_limit=self.rpm_limit,
+            tpm_limit=self.tpm_limit,
+            allowed_models=tuple(self.allowed_models) if self.allowed_models is not None else None,
+        )
+
+
+@router.get("/groups", summary="Self-service limits per group")
+async def list_groups(request: Request) -> JSONResponse:
+    """Every group's limits (`*`: users none of whose groups has limits)."""
+    table = await login_of(request).users.group_table()
+    return JSONResponse({"data": [limits_json(name, table[name]) for name in sorted(table)]})
+
+
+@router.put("/groups/{group:path}", summary="Set a group's self-service limits")
+async def set_group(request: Request, group: str, body: GroupLimitsBody) -> JSONResponse:
+    """Create or replace the limits of a provider group (`*` for everyone else). Keys already made keep theirs."""
+    if not group or len(group) > 200:
+        raise InvalidRequestError("a group name has 1 to 200 characters", param="group")
+    await login_of(request).users.set_group(group, body.limits())
+    return JSONResponse(limits_json(group, body.limits()))
+
+
+@router.delete("/groups/{group:path}", summary="Remove a group's self-service limits")
+async def delete_group(request: Request, group: str) -> JSONResponse:
+    """Its members fall back to another of their groups, then `*`, then the built-in defaults."""
+    if not await login_of(request).users.delete_group(group):
+        raise NotFoundError(f"group {group!r} has no limits")
+    return JSONResponse({"group": group, "deleted": True})
+
+
+@router.get("/users", summary="Users who logged in")
+async def list_users(request: Request) -> JSONResponse:
+    """Every user who logged in with OpenID Connect, latest first, with their active keys."""
+    users = await login_of(request).users.users()
+    return JSONResponse({"data": [{**user_json(u), "active_keys": n} for u, n in users]})
+
+
+@router.post("/users/{user_id}/logout", summary="End every session of a user")
+async def logout_user(request: Request, user_id: str) -> JSONResponse:
+    """The user's browsers are logged out at once (their keys keep working; revoke those separately)."""
+    return JSONResponse(
+        {"user_id": user_id, "sessions_ended": await login_of(request).sessions.end_all(user_id)}
+    )

@@ -9,6 +9,7 @@ from fastapi.responses import FileResponse, JSONResponse
 
 from opentela.errors import AuthenticationError, NotFoundError
 from opentela.frontend.keys import tokens_match
+from opentela.frontend.login import login_of
 from opentela.frontend.state import bearer_token, state_of
 
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -30,12 +31,16 @@ async def index() -> FileResponse:
 
 
 async def require_member(request: Request) -> None:
-    """401 unless the request carries the admin token or an active API key: the node map (addresses, providers,
-    hardware) is for the people this frontend serves, not for anyone who can reach it."""
+    """401 unless the request carries the admin token, an active API key or a login session: the node map
+    (addresses, providers, hardware) is for the people this frontend serves, not for anyone who can reach it."""
     given = bearer_token(request)
     st = state_of(request)
     if not given:
-        raise AuthenticationError("the mesh views need 'Authorization: Bearer <API key or admin token>'")
+        if await login_of(request).logged_in(request) is not None:
+            return
+        raise AuthenticationError(
+            "the mesh views need 'Authorization: Bearer <API key or admin token>' or a login session"
+        )
     if tokens_match(given, st.admin_token):
         return
     await st.keys.authenticate(given)
@@ -56,8 +61,13 @@ async def mesh_view(request: Request, view: str) -> JSONResponse:
 
 @router.get("/api/info", summary="The frontend's own facts")
 async def info(request: Request) -> JSONResponse:
-    """The ingress this frontend forwards to and its database backend."""
+    """The ingress this frontend forwards to, its database backend, and whether users can log in."""
     st = state_of(request)
     return JSONResponse(
-        {"ingress": st.ingress.base_url, "database": st.db.dialect, "instance": st.ledger.instance}
+        {
+            "ingress": st.ingress.base_url,
+            "database": st.db.dialect,
+            "instance": st.ledger.instance,
+            "login": login_of(request).oidc is not None,
+        }
     )

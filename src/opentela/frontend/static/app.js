@@ -40,10 +40,14 @@ async function api(path, { token, method = "GET", body } = {}) {
   return data;
 }
 
-// The mesh views need a credential: the admin token of this tab, else the key kept in this browser.
+// The user's login (OpenID Connect), when this frontend offers one: `me` is /api/me while the session lasts.
+const session = { offered: false, me: null };
+// The mesh views need a credential: the admin token of this tab, else the key kept in this browser, else the login
+// session (its cookie goes with every request to this origin).
 const meshToken = () => store.admin || store.key;
+const canSeeMesh = () => Boolean(meshToken() || session.me);
 const meshApi = (path) => api(path, { token: meshToken() });
-const NEEDS_KEY = "Enter your API key above (or unlock the Keys tab with the admin token) to see the mesh.";
+const NEEDS_KEY = "Enter your API key above, log in, or unlock the Keys tab with the admin token to see the mesh.";
 
 // ---- tabs -------------------------------------------------------------------------------------------------
 let current = "models";
@@ -110,7 +114,7 @@ function enginesText(r) {
 async function loadModels() {
   const box = $("#models");
   try {
-    if (!meshToken()) { box.innerHTML = `<p class="muted needs-key">${esc(NEEDS_KEY)}</p>`; return; }
+    if (!canSeeMesh()) { box.innerHTML = `<p class="muted needs-key">${esc(NEEDS_KEY)}</p>`; return; }
     const [listing, serverless] = await Promise.all([
       meshApi("/api/mesh/models"),
       // Older ingresses have no serverless view: the catalog then shows what is served.
@@ -162,7 +166,7 @@ async function loadModels() {
 async function loadNodes() {
   const body = $("#nodes tbody");
   try {
-    if (!meshToken()) { body.innerHTML = `<tr><td colspan="7" class="muted needs-key">${esc(NEEDS_KEY)}</td></tr>`; return; }
+    if (!canSeeMesh()) { body.innerHTML = `<tr><td colspan="7" class="muted needs-key">${esc(NEEDS_KEY)}</td></tr>`; return; }
     const [table, peers] = await Promise.all([meshApi("/api/mesh/table"), meshApi("/api/mesh/peers")]);
     const suspected = new Set(peers.filter((p) => p.suspected).map((p) => p.peer_id));
     const order = { SERVING: 0, JOIN: 1, DOWN: 2, LEFT: 3 };
@@ -190,7 +194,7 @@ async function loadNodes() {
 async function loadHealth() {
   const box = $("#health");
   try {
-    if (!meshToken()) { box.className = "health"; $("#health-text").textContent = "no key"; return; }
+    if (!canSeeMesh()) { box.className = "health"; $("#health-text").textContent = "no key"; return; }
     const h = await meshApi("/api/mesh/health");
     box.className = "health ok";
     $("#health-text").textContent = `ingress ${h.status === "ok" ? "up" : h.status} · ${h.nodes_known} nodes`;
@@ -340,6 +344,7 @@ function limitsText(k) {
   return parts.join(" · ") || "unlimited";
 }
 async function loadKeys() {
+  await loadSelf();
   const me = store.key ? await checkKey() : null;
   const mine = $("#my-key");
   if (me) {
@@ -365,14 +370,15 @@ async function loadKeys() {
     $("#admin-status").style.color = "var(--bad)";
   }
 }
-function showSecret(title, secret) {
-  const box = $("#new-secret");
+function showSecret(title, secret, where = "#new-secret") {
+  const box = $(where);
   box.classList.remove("hidden");
-  box.innerHTML = `<strong>${esc(title)}</strong><code id="new-secret-value">${esc(secret)}</code>
-    <div class="row"><button class="secondary" id="copy-secret">Copy</button><button class="ghost" id="use-secret">Use in this browser</button></div>
+  box.innerHTML = `<strong>${esc(title)}</strong><code class="secret-value">${esc(secret)}</code>
+    <div class="row"><button class="secondary copy-secret">Copy</button><button class="ghost use-secret">Use in this browser</button></div>
     <p class="hint">This is the only time the secret is shown. Only its hash is stored.</p>`;
-  $("#copy-secret").addEventListener("click", () => navigator.clipboard && navigator.clipboard.writeText(secret));
-  $("#use-secret").addEventListener("click", () => { store.key = secret; checkKey(); refresh(); });
+  if (where === "#new-secret") $(".secret-value", box).id = "new-secret-value";
+  $(".copy-secret", box).addEventListener("click", () => navigator.clipboard && navigator.clipboard.writeText(secret));
+  $(".use-secret", box).addEventListener("click", () => { store.key = secret; checkKey(); refresh(); });
 }
 $("#admin-save").addEventListener("click", () => {
   store.admin = $("#admin-token").value.trim();
@@ -414,6 +420,96 @@ $("#keys-table").addEventListener("click", async (ev) => {
     showSecret(`New secret for ${made.key.name || made.key.prefix}`, made.secret);
     loadKeys();
   }
+});
+
+// ---- login and your own keys ------------------------------------------------------------------------------
+async function loadSession() {
+  // Who is logged in (null when nobody, or the session ended), then the header's Log in / Log out.
+  if (session.offered) {
+    try { session.me = await api("/api/me"); } catch (e) { session.me = null; }
+  }
+  const me = session.me;
+  $("#account").classList.toggle("hidden", !session.offered);
+  $("#login-button").classList.toggle("hidden", Boolean(me));
+  $("#logout-button").classList.toggle("hidden", !me);
+  $("#account-name").classList.toggle("hidden", !me);
+  if (me) {
+    const u = me.user;
+    $("#account-name").textContent = u.name || u.email || u.subject;
+    $("#account-name").title = `${u.email || u.subject} (${u.issuer})`;
+  }
+  return me;
+}
+$("#logout-button").addEventListener("click", async () => {
+  let next = "/";
+  try { next = (await api("/auth/logout", { method: "POST" })).redirect || "/"; } catch { /* the session is gone anyway */ }
+  session.me = null;
+  location.href = next;
+});
+function groupText(active, limits) {
+  const scope = limits.group === null ? "the default limits" : limits.group === "*" ? "the limits for everyone" : `the limits of group ${limits.group}`;
+  return `${active} of ${limits.max_keys} key${limits.max_keys === 1 ? "" : "s"} in use (${scope}); each new key: ${limitsText({ ...limits, log_content: true })}`;
+}
+async function loadSelf() {
+  const offered = session.offered;
+  const me = offered ? await loadSession() : null;
+  $("#login-panel").classList.toggle("hidden", !offered || Boolean(me));
+  $("#self-area").classList.toggle("hidden", !me);
+  if (!me) return;
+  const u = me.user;
+  $("#self-summary").innerHTML = `<h2>Your keys</h2><p>Logged in as <strong>${esc(u.name || u.subject)}</strong>
+    ${u.email ? `<span class="muted">${esc(u.email)}</span>` : ""}${u.groups.length ? ` · groups ${esc(u.groups.join(", "))}` : ""}</p>
+    <p class="hint" id="self-limits">${esc(groupText(me.active_keys, me.limits))}</p>`;
+  try {
+    const keys = (await api("/api/me/keys")).data;
+    $("#self-keys-table tbody").innerHTML = keys.map((k) => `
+      <tr class="self-key-row" data-id="${esc(k.id)}" data-name="${esc(k.name)}" data-state="${esc(k.state)}">
+        <td data-label="Name">${esc(k.name || "-")}</td><td data-label="Prefix" class="mono">${esc(k.prefix)}…</td>
+        <td data-label="State"><span class="badge ${esc(k.state)}">${esc(k.state)}</span></td>
+        <td data-label="Limits">${esc(limitsText(k))}</td><td data-label="Last used">${esc(ago(k.last_used_at))}</td>
+        <td class="row actions-cell">${k.state === "revoked" ? "" : `<button class="secondary self-rotate">Rotate</button><button class="danger self-revoke">Revoke</button>`}</td>
+      </tr>`).join("") || `<tr><td colspan="6" class="muted">No keys yet: create one above.</td></tr>`;
+  } catch (e) {
+    $("#self-error").textContent = `Cannot read your keys: ${e.message}`;
+  }
+}
+function selfError(text) {
+  $("#self-error").textContent = text;
+  $("#self-error").classList.toggle("bad", Boolean(text));
+}
+$("#self-create-form").addEventListener("submit", async (ev) => {
+  ev.preventDefault();
+  const f = new FormData(ev.target);
+  const body = { name: f.get("name") || "" };
+  if (f.get("expires_in_days")) body.expires_in_days = Number(f.get("expires_in_days"));
+  selfError("");
+  try {
+    const made = await api("/api/me/keys", { method: "POST", body });
+    showSecret(`Key ${made.key.prefix}… created${made.key.name ? ` for ${made.key.name}` : ""}`, made.secret, "#self-secret");
+    ev.target.reset();
+  } catch (e) {
+    selfError(e.message);
+    if (e.status === 401) session.me = null;
+  }
+  loadSelf();
+});
+$("#self-keys-table").addEventListener("click", async (ev) => {
+  const row = ev.target.closest(".self-key-row");
+  if (!row) return;
+  const id = row.dataset.id;
+  selfError("");
+  try {
+    if (ev.target.classList.contains("self-revoke")) {
+      if (!confirm(`Revoke your key ${row.dataset.name || id}? Requests with it fail from now on.`)) return;
+      await api(`/api/me/keys/${id}/revoke`, { method: "POST" });
+    } else if (ev.target.classList.contains("self-rotate")) {
+      const made = await api(`/api/me/keys/${id}/rotate`, { method: "POST" });
+      showSecret(`New secret for ${made.key.name || made.key.prefix}; the old one no longer works`, made.secret, "#self-secret");
+    } else return;
+  } catch (e) {
+    selfError(e.message);
+  }
+  loadSelf();
 });
 
 // ---- usage ------------------------------------------------------------------------------------------------
@@ -459,12 +555,16 @@ async function loadUsage() {
         api(`/admin/usage/rows?limit=50`, { token: store.admin }),
       ]);
       series = s.data; bucket = s.bucket_s; rows = r.data; scope = "all keys (admin)";
+    } else if (session.me) {
+      const u = await api(`/api/me/usage?hours=${hours}&limit=50`);
+      series = u.series; bucket = u.bucket_s; rows = u.rows;
+      scope = `your ${u.keys} key${u.keys === 1 ? "" : "s"} (${session.me.user.name || session.me.user.subject})`;
     } else if (store.key) {
       const u = await api(`/v1/usage?hours=${hours}&limit=50`, { token: store.key });
       series = u.series; bucket = u.bucket_s; rows = u.rows; scope = `key ${u.key.prefix}…`;
     } else {
       $("#usage-scope").textContent = "";
-      $("#usage-stats").innerHTML = `<p class="muted">Paste your API key above (or unlock management in Keys) to see usage.</p>`;
+      $("#usage-stats").innerHTML = `<p class="muted">Paste your API key above, log in, or unlock management in Keys to see usage.</p>`;
       $("#usage-chart").innerHTML = ""; $("#usage-rows tbody").innerHTML = "";
       return;
     }
@@ -638,8 +738,8 @@ $("#workload-window").addEventListener("change", () => loadWorkload(true));
 async function refresh() {
   // The key field stays in view on the mesh tabs until a credential is there to read them with; the workload needs
   // the admin token, not a key.
-  $(".key-panel").classList.toggle("hidden", ((current === "models" || current === "nodes") && Boolean(meshToken()))
-    || (current === "workload" && Boolean(store.admin)));
+  $(".key-panel").classList.toggle("hidden", ((current === "models" || current === "nodes") && canSeeMesh())
+    || (current === "workload" && Boolean(store.admin)) || (current === "keys" && Boolean(session.me) && !store.key));
   loadHealth();
   if (current === "models" || current === "playground") await loadModels();
   if (current === "nodes") await loadNodes();
@@ -647,8 +747,12 @@ async function refresh() {
   if (current === "usage") await loadUsage();
   if (current === "workload") await loadWorkload(false);
 }
-api("/api/info").then((i) => { $("#footer-info").textContent = `ingress ${i.ingress} · ${i.database}`; }).catch(() => {});
 checkKey();
 const firstTab = (location.hash || "").slice(1);
-show(document.getElementById(`view-${firstTab}`) ? firstTab : "models");
+// Whether users can log in decides what the page offers: learn it (and who is logged in) before the first draw.
+api("/api/info").then(async (i) => {
+  $("#footer-info").textContent = `ingress ${i.ingress} · ${i.database}`;
+  session.offered = Boolean(i.login);
+  await loadSession();
+}).catch(() => {}).finally(() => show(document.getElementById(`view-${firstTab}`) ? firstTab : "models"));
 setInterval(() => { if (!document.hidden && current !== "keys" && !chat.busy) refresh(); }, 5000);
