@@ -66,6 +66,21 @@ class RegistryConfig:
             "short-lived connection): repairs replicas even if the active views ever split the mesh in two."
         },
     )
+    join_sync_shards: int = field(
+        default=6,
+        metadata={
+            "help": "A joining node pulls the registry in this many parts (by key hash), one from each of its "
+            "first neighbours, so that no peer (least of all the bootstrap peer it joined through) serves every "
+            "joiner the whole registry; 1 pulls it whole from the first neighbour."
+        },
+    )
+    join_sync_wait: float = field(
+        default=1.0,
+        metadata={
+            "help": "Seconds a joining node waits for neighbours other than its bootstrap contact before it "
+            "asks the neighbours it has (the contact last) for the parts still missing."
+        },
+    )
     probe_interval: float = field(
         default=1.0,
         metadata={"help": "Seconds between SWIM probes of the next peer (randomized round robin)."},
@@ -212,6 +227,7 @@ class RegistryConfig:
             "shuffle_interval",
             "eviction_hold",
             "eviction_signer_window",
+            "join_sync_wait",
             "max_clock_skew",
             "write_rate",
         )
@@ -236,6 +252,8 @@ class RegistryConfig:
             raise ConfigError("[registry] passive_walk must be between 0 and active_walk")
         if not 0.0 <= self.passive_anti_entropy <= 1.0 or self.fanout < 0:
             raise ConfigError("[registry] passive_anti_entropy must be in [0, 1] and fanout >= 0")
+        if self.join_sync_shards < 1:
+            raise ConfigError("[registry] join_sync_shards must be at least 1")
         if self.eviction_quorum < 1 or self.eviction_signer_limit < 1:
             raise ConfigError("[registry] eviction_quorum and eviction_signer_limit must be at least 1")
         if self.tombstone_retention <= self.left_retention:

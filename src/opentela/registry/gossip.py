@@ -7,12 +7,17 @@ with a random active peer (now and then a passive one), and the first exchange w
 a random live peer, and every new connection starts an exchange.
 
 Anti-entropy exchange (initiator I, responder R), one stream:
-  I -> R  {"t": "sum", "h": hash of I's digest}
-  R -> I  {"t": "same"}                                     (done: nothing differs; the idle case)
-       or {"t": "digest", "d": R's digest}
+  I -> R  {"t": "sum", "h": hash of I's digest[, "s": [shards], "k": shard count][, "u": 1]}
+  R -> I  {"t": "same"[, "u": 1]}                           (done: nothing differs; the idle case)
+       or {"t": "digest", "d": R's digest[, "u": 1]}
+  ("u": 1 says the sender's own first sync is incomplete, so equal digests prove nothing to the other side.)
   I -> R  {"t": "want", "k": keys I wants} then {"t": "recs", "r": [...]}* then {"t": "end"}   (what R lacks)
   R -> I  {"t": "recs", "r": [...]}* then {"t": "end"}                                         (what I wants)
 Push: I -> R {"t": "push", "r": [...]}*, then half-close.
+
+A joiner's first sync asks each of its first neighbours for one part of the registry ("s" and "k": the shards of
+`join_sync.shard_of` wanted; R's digest and both record lists are limited to keys in them), so joins do not all
+land on the bootstrap peers; a responder that ignores the fields sends its whole digest and I filters it.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from opentela.fabric.host import Host
 from opentela.fabric.messages import encode_msg, read_msg
 from opentela.registry._config import RegistryConfig
 from opentela.registry.crdt import Digest
+from opentela.registry.join_sync import JoinSync, shard_of
 from opentela.registry.membership import Membership
 from opentela.registry.overlay import Overlay
 from opentela.registry.record import NodeRecord
@@ -71,8 +77,12 @@ class Gossip:
         self._rng = random.Random()
         self._pending: dict[str, tuple[NodeRecord, PeerId | None]] = {}  # change -> the peer it came from
         self._source: PeerId | None = None  # the peer whose records are being applied right now
+        self._push_changes = True  # whether the changes they make are pushed on
         self._hash: tuple[int, bytes] | None = None  # (records, hash of our digest) until the next change
         self._synced_at: float | None = None  # when our latest anti-entropy exchange completed
+        self._join_sync: JoinSync | None = None  # a joiner's first sync, split over its first neighbours
+        if overlay is not None and self.config.join_sync_shards > 1:
+            self._join_sync = JoinSync(self.config.join_sync_shards, self.config.join_sync_wait)
         self._wake = asyncio.Event()
         self._tasks = TaskSet("gossip")
         self.counters: dict[str, int] = {
@@ -82,6 +92,7 @@ class Gossip:
             "pushes_received": 0,
             "rounds": 0,
             "rounds_same": 0,
+            "parts_served": 0,
             "errors": 0,
         }
 
@@ -141,6 +152,8 @@ class Gossip:
     # --- push ---------------------------------------------------------------------------------------------
     def _on_change(self, record: NodeRecord, local: bool) -> None:
         self._hash = None
+        if not local and not self._push_changes:
+            return
         self._pending[record.session_id] = (record, None if local else self._source)
         self._wake.set()
 
@@ -149,10 +162,47 @@ class Gossip:
         self._spawn(self._anti_entropy_with(peer, ()), "gossip-hello")
 
     def _on_neighbour(self, peer: PeerId) -> None:
-        # Only a node that has not synced lately needs the hello (a joiner, with its contact): the others are
-        # one anti-entropy round from every change anyway, and a hello per new link would cost a digest each.
-        if self._synced_at is None or time.monotonic() - self._synced_at > self.config.anti_entropy_interval:
+        # Only a node that has never synced needs the hello: the others are one anti-entropy round from every
+        # change anyway, and a synced node's hello to a new neighbour (a joiner, most of the time) would send
+        # it the whole registry. A joiner's first sync is split over its first neighbours (see join_sync.py).
+        plan = self._join_sync
+        if plan is not None and self._joining():
+            assert self.overlay is not None
+            plan.contacts = self.overlay.contacts
+            first = plan.started is None
+            shards = plan.on_neighbour(peer, time.monotonic())
+            if shards:
+                self._spawn(self._pull_shards(peer, shards), "gossip-join-sync")
+            if first:
+                self._spawn(self._join_sync_loop(), "gossip-join-sync-wait")
+            return
+        if not self.synced:
             self._spawn(self._anti_entropy_with(peer, self._addrs(peer)), "gossip-hello")
+
+    def _joining(self) -> bool:
+        """Whether our first sync runs in parts now: we joined through a contact and have not synced yet."""
+        plan = self._join_sync
+        joined = self.overlay is not None and bool(self.overlay.contacts)  # a founder joined through no one
+        return joined and self._synced_at is None and plan is not None and not plan.complete
+
+    async def _join_sync_loop(self) -> None:
+        """After the wait, and again every wait until the first sync is complete: ask the neighbours we have
+        for the parts nobody is sending (a contact only when no other neighbour came)."""
+        plan = self._join_sync
+        assert plan is not None
+        while self._synced_at is None and not plan.complete:
+            await asyncio.sleep(plan.wait)
+            for peer, shards in plan.reassign(self._neighbours(), time.monotonic()).items():
+                self._spawn(self._pull_shards(peer, shards), "gossip-join-sync")
+
+    async def _pull_shards(self, peer: PeerId, shards: tuple[int, ...]) -> None:
+        """One exchange with `peer` limited to `shards` of the keys; the first sync is done when all arrived."""
+        plan = self._join_sync
+        assert plan is not None
+        ok = await self._anti_entropy_with(peer, self._addrs(peer), (shards, plan.shards))
+        plan.finished(peer, ok)
+        if plan.complete and self._synced_at is None:
+            self._synced_at = time.monotonic()
 
     async def _push_loop(self) -> None:
         while True:
@@ -222,6 +272,8 @@ class Gossip:
     async def _anti_entropy_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.anti_entropy_interval * (0.5 + self._rng.random()))
+            if self._joining():
+                continue  # the first sync is under way, in parts; a whole round now would pull it all again
             if self.overlay is not None:
                 peer = self._anti_entropy_peer()
                 if peer is not None:
@@ -245,18 +297,21 @@ class Gossip:
             return self._rng.choice(passive)
         return self._rng.choice(neighbours) if neighbours else None
 
-    async def _anti_entropy_with(self, peer: PeerId, addrs: Iterable[str]) -> bool:
-        """One exchange with `peer`; True when it completed."""
+    async def _anti_entropy_with(
+        self, peer: PeerId, addrs: Iterable[str], part: tuple[tuple[int, ...], int] | None = None
+    ) -> bool:
+        """One exchange with `peer` (over the keys in `part`'s shards only, when given); True when it completed."""
         try:
             async with asyncio.timeout(self.config.gossip_timeout):
                 stream = await self._open(peer, addrs)
                 try:
-                    await self._initiate(stream)
+                    whole = await self._initiate(stream, part)
                 finally:
                     await stream.aclose()
             self.counters["rounds"] += 1
-            self._synced_at = time.monotonic()
-            return True
+            if part is None and whole:
+                self._synced_at = time.monotonic()
+            return whole
         except (OpenTelaError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
             self.counters["errors"] += 1
             logger.debug("anti-entropy with %s failed: %r", peer, exc)
@@ -268,25 +323,51 @@ class Gossip:
             self._hash = (len(self.registry), digest_hash(self.registry.digest()))
         return self._hash[1]
 
-    def _apply_from(self, peer: PeerId, records: list[Any]) -> None:
-        """Merge records a peer sent; the changes they make are flooded on to everyone but that peer."""
-        self._source = peer
+    def _apply_from(self, peer: PeerId, records: list[Any], flood: bool = True) -> None:
+        """Merge records a peer sent; the changes they make are flooded on to everyone but that peer (to no one
+        when `flood` is False)."""
+        self._source, self._push_changes = peer, flood
         try:
             self.registry.apply_wire(records)
         finally:
-            self._source = None
+            self._source, self._push_changes = None, True
 
-    async def _initiate(self, stream: Stream) -> None:
-        await self._send(stream, {"t": "sum", "h": self._digest_hash()})
+    @property
+    def synced(self) -> bool:
+        """Whether our replica is complete as far as we know: we finished an exchange, or founded the mesh."""
+        return self._synced_at is not None or self.overlay is None or not self.overlay.contacts
+
+    async def _initiate(self, stream: Stream, part: tuple[tuple[int, ...], int] | None = None) -> bool:
+        """Run one exchange; True unless the responder said its own replica is still incomplete."""
+        first: dict[str, Any] = {"t": "sum", "h": self._digest_hash()}
+        if part is not None:
+            first.update(s=list(part[0]), k=part[1])
+        if not self.synced:
+            first["u"] = 1
+        await self._send(stream, first)
         reply = await self._recv(stream)
+        # Two replicas equally incomplete look the same: only a synced responder's answer completes a part.
+        whole = not reply.get("u")
         if reply.get("t") == "same":
             self.counters["rounds_same"] += 1
-            return
+            return whole
         theirs = _parse_digest(reply)
-        await self._send(stream, {"t": "want", "k": self.registry.map.wanted_from(theirs)})
-        await self._send_records(stream, "recs", self.registry.map.newer_than(theirs))
+        wanted = self.registry.map.wanted_from(theirs)
+        newer = self.registry.map.newer_than(theirs)
+        if part is not None:
+            shards, count = set(part[0]), part[1]
+            theirs = {k: v for k, v in theirs.items() if shard_of(k, count) in shards}
+            wanted = [k for k in wanted if shard_of(k, count) in shards]
+            # Our own record goes in every part: until a neighbour holds it, nobody floods it for us.
+            mine = self.registry.local.session_id
+            newer = [r for r in newer if r.session_id == mine or shard_of(r.session_id, count) in shards]
+        await self._send(stream, {"t": "want", "k": wanted})
+        await self._send_records(stream, "recs", newer)
         await self._send(stream, {"t": "end"})
-        self._apply_from(stream.remote_peer, await self._recv_records(stream))
+        # The parts of a joiner's first sync are records its (synced) neighbours hold already: flooding them on
+        # would send them the whole registry back, so they are merged without being pushed.
+        self._apply_from(stream.remote_peer, await self._recv_records(stream), flood=part is None)
+        return whole
 
     async def rpc_gossip(self, stream: Stream) -> None:
         """Serve one gossip stream (push or anti-entropy)."""
@@ -303,16 +384,34 @@ class Gossip:
                         self._apply_from(stream.remote_peer, _pushed(more))
             elif kind == "sum":
                 if first.get("h") == self._digest_hash():
-                    await self._send(stream, {"t": "same"})
-                    self._synced_at = time.monotonic()
+                    same: dict[str, Any] = {"t": "same"}
+                    if not self.synced:
+                        same["u"] = 1
+                    await self._send(stream, same)
+                    if not first.get("u"):  # equal to a synced replica: ours is complete too
+                        self._synced_at = time.monotonic()
                     return
                 ours = self.registry.digest()
-                await self._send(stream, {"t": "digest", "d": {k: list(v) for k, v in ours.items()}})
+                part = _parse_part(first)
+                if part is not None:
+                    shards, count = part
+                    ours = {k: v for k, v in ours.items() if shard_of(k, count) in shards}
+                    self.counters["parts_served"] += 1
+                reply: dict[str, Any] = {"t": "digest", "d": {k: list(v) for k, v in ours.items()}}
+                if not self.synced:
+                    reply["u"] = 1  # unsynced: a joiner asks someone else for this part as well
+                await self._send(stream, reply)
                 want = await self._recv(stream)
                 keys = want.get("k", [])
                 if not isinstance(keys, list):
                     raise ProtocolError("gossip want list is not a list")
-                self._apply_from(stream.remote_peer, await self._recv_records(stream))
+                # While we join, what a neighbour sends is what the mesh holds already: merged, not pushed on.
+                joining = self._joining()
+                self._apply_from(stream.remote_peer, await self._recv_records(stream), flood=not joining)
+                if part is None and not first.get("u") and self._synced_at is None:
+                    self._synced_at = (
+                        time.monotonic()
+                    )  # a synced initiator sent us all it had: we hold it all
                 records = [r for k in keys if isinstance(k, str) and (r := self.registry.get(k)) is not None]
                 await self._send_records(stream, "recs", records)
                 await self._send(stream, {"t": "end"})
@@ -361,6 +460,18 @@ def _pushed(msg: dict[str, Any]) -> list[Any]:
     if msg.get("t") != "push" or not isinstance(batch, list):
         raise ProtocolError("expected pushed gossip records")
     return batch
+
+
+def _parse_part(msg: dict[str, Any]) -> tuple[set[int], int] | None:
+    """The shards a "sum" asks about (None: all keys); ProtocolError when the fields are malformed."""
+    if "s" not in msg and "k" not in msg:
+        return None
+    shards, count = msg.get("s"), msg.get("k")
+    if not (isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 1024):
+        raise ProtocolError("gossip shard count must be an integer in [1, 1024]")
+    if not (isinstance(shards, list) and all(isinstance(x, int) and 0 <= x < count for x in shards)):
+        raise ProtocolError("gossip shards must be a list of integers below the shard count")
+    return set(shards), count
 
 
 def _parse_digest(msg: dict[str, Any]) -> Digest:

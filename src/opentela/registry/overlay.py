@@ -73,6 +73,7 @@ class Overlay:
         self._known: dict[PeerId, tuple[str, ...]] = {}  # live members of the replica -> their addresses
         self._sessions: dict[PeerId, set[SessionId]] = {}  # their live sessions
         self._book: dict[PeerId, tuple[str, ...]] = {}  # addresses heard in messages (joiners, origins)
+        self._contacts: set[PeerId] = set()  # the bootstrap peers we joined through
         self._outbox: dict[PeerId, list[ViewMessage]] = {}
         self._sending: set[PeerId] = set()
         self._up: list[PeerListener] = []
@@ -109,7 +110,13 @@ class Overlay:
         """Join through `contact` (a bootstrap peer): it walks us into a few other nodes' active views."""
         if addrs:
             self._book[contact] = addrs
+        self._contacts.add(contact)
         self._apply(self.view.join, contact)
+
+    @property
+    def contacts(self) -> frozenset[PeerId]:
+        """The bootstrap peers this node joined through."""
+        return frozenset(self._contacts)
 
     # --- reads and hooks ------------------------------------------------------------------------------------
     def active(self) -> tuple[PeerId, ...]:

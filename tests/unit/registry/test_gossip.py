@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from registry_helpers import converged, swarm, until
+from registry_helpers import Node, converged, swarm, until
 
 from opentela._types import PROTO_GOSSIP, Lifecycle
 from opentela.fabric.messages import write_msg
@@ -92,3 +92,23 @@ async def test_flush_delivers_a_final_state_before_exit(n: int) -> None:
         rec = nodes[1].registry.update_local(lifecycle=Lifecycle.DOWN, reason="engine died")
         await nodes[1].gossip.flush(timeout=2)
         await until(lambda: nodes[0].registry.get(rec.session_id) == rec, timeout=2)
+
+
+async def test_a_joiner_pulls_the_registry_in_parts_from_its_neighbours_not_its_contact() -> None:
+    config = RegistryConfig(anti_entropy_interval=60, join_sync_shards=3, join_sync_wait=1.0)
+    async with swarm(8, config) as nodes:
+        await until(lambda: converged(nodes), timeout=10)
+        contact = nodes[0]
+        before = {n.host.peer_id: n.gossip.counters["parts_served"] for n in nodes}
+        joiner = await Node.create(config)
+        try:
+            await joiner.join(contact)
+            everyone = [*nodes, joiner]
+            await until(lambda: converged(everyone), timeout=10)
+            served = {
+                n.host.peer_id: n.gossip.counters["parts_served"] - before[n.host.peer_id] for n in nodes
+            }
+            assert served[contact.host.peer_id] == 0  # other neighbours came within the wait
+            assert sum(served.values()) >= 2  # the parts came from more than one neighbour
+        finally:
+            await joiner.aclose()

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from opentela.registry.sim.overlays import Overlay
 
 LEFT = int(Lifecycle.LEFT)
+NO_FLOOD = -2
+"""`Mesh.origin` while merging records that are not pushed on (a joiner's first sync)."""
 
 
 class SimNode:
@@ -80,13 +82,14 @@ class SimNode:
         """A record as it leaves this replica: (session, rank, signer of an eviction or -1)."""
         return (session, rank, self.evicted_by.get(session, -1) if rank >> 32 == LEFT else -1)
 
-    def receive(self, records: Records, sender: int) -> None:
-        """Merge records from `sender`: owners' own records first, evictions by others through the checks."""
+    def receive(self, records: Records, sender: int, flood: bool = True) -> None:
+        """Merge records from `sender`: owners' own records first, evictions by others through the checks;
+        `flood` False: what they change is not pushed on (a joiner's first sync, see gossip.py)."""
         mesh = self.mesh
         replicas = mesh.replicas
         evictions = []
         me = self.index
-        mesh.origin = sender
+        mesh.origin = sender if flood else NO_FLOOD
         try:
             for record in records:
                 if record[2] >= 0:
@@ -103,7 +106,8 @@ class SimNode:
                     held = self.evicted_by.get(session, -1)
                     if 0 <= held < signer:
                         self.evicted_by[session] = signer
-                        self.gossip.changed(session, sender)
+                        if flood:
+                            self.gossip.changed(session, sender)
                     continue
                 sid = mesh.session_ids[session]
                 if self.membership.check_eviction(sid, rank, signer, is_live(current)):
@@ -125,7 +129,8 @@ class SimNode:
         """A record changed this replica: follow it in SWIM and the overlay, and push it on."""
         if session != self.session:
             self.overlay.record_changed(self, session, old, new)
-        self.gossip.changed(session, self.mesh.origin)
+        if self.mesh.origin != NO_FLOOD:
+            self.gossip.changed(session, self.mesh.origin)
 
     # --- connections ----------------------------------------------------------------------------------------
     def connected(self, peer: int) -> None:

@@ -10,6 +10,9 @@ overlay asks for (full mesh: every new connection; partial views: a new neighbou
 within an interval): the initiator sends its digest's hash; equal hashes end the round; otherwise the responder
 sends its digest, the initiator its want list and the records the responder lacks, the responder the records
 wanted. Each side's records are merged through `SimNode.receive`, which applies the eviction rules.
+
+A joiner's first sync runs the real `join_sync.JoinSync` plan: each new neighbour is asked for one part of the
+keys (its digest and both record lists limited to that part), the bootstrap contact only after the wait.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from opentela.registry.join_sync import JoinSync, shard_of
 from opentela.registry.sim.network import ANTI_ENTROPY, PUSH
 
 if TYPE_CHECKING:
@@ -24,6 +28,18 @@ if TYPE_CHECKING:
 
 Records = list[tuple[int, int, int]]
 """(session index, rank, eviction signer or -1): the records a message carries."""
+Part = tuple[tuple[int, ...], int] | None
+"""The shards of a split first sync and their count (None: every key)."""
+_PART_BYTES = 6
+"""What "s" and "k" add to a "sum" message (msgpack: two short keys, a small list and an integer)."""
+_UNSYNCED_BYTES = 3
+"""What "u": 1 adds to a digest."""
+"""What "s" and "k" add to a "sum" message (msgpack: two short keys, a small list and an integer)."""
+
+
+def in_part(session: int, part: Part) -> bool:
+    """Whether a session's key falls in `part` (sessions are keyed by their index here)."""
+    return part is None or shard_of(str(session), part[1]) in part[0]
 
 
 class SimGossip:
@@ -37,6 +53,11 @@ class SimGossip:
         self._scheduled = False
         self.synced_at: float | None = None
         """When our latest anti-entropy round completed."""
+        self.plan: JoinSync | None = None
+        if self.config.join_sync_shards > 1 and self.mesh.overlay.floods:
+            self.plan = JoinSync(self.config.join_sync_shards, self.config.join_sync_wait)
+        self._pulls = 0  # serial of the part pulls, to time out the right one
+        self._pulling: dict[int, int] = {}  # peer -> serial of the part pull in flight
         self.counters: Counter[str] = Counter()
 
     def __repr__(self) -> str:
@@ -109,49 +130,144 @@ class SimGossip:
         self.mesh.loop.call_later(
             self.config.anti_entropy_interval * (0.5 + node.rng.random()), self._anti_entropy_loop
         )
+        if self.joining:
+            return  # the first sync is under way, in parts
         peer = node.overlay.anti_entropy_partner(node)
         if peer is not None:
             self.exchange(peer)
 
-    def exchange(self, peer: int) -> None:
-        """Start one anti-entropy round with `peer`."""
+    # --- a joiner's split first sync (gossip.py's _on_neighbour, _join_sync_loop, _pull_shards) ---------------
+    def expect_contact(self, contact: int) -> None:
+        """We are joining through `contact`: ask it for parts only if no other neighbour comes in time."""
+        if self.plan is not None:
+            self.plan.contacts = self.plan.contacts | {self.mesh.peer_ids[contact]}
+
+    def neighbour_up(self, peer: int) -> bool:
+        """A new neighbour: pull a part from it while our first sync is incomplete; False when not joining."""
+        plan = self.plan
+        if self.synced_at is not None or plan is None or plan.complete or not plan.contacts:
+            return False
+        first = plan.started is None
+        shards = plan.on_neighbour(self.mesh.peer_ids[peer], self.mesh.loop.now)
+        if shards:
+            self._pull(peer, shards)
+        if first:
+            self.mesh.loop.call_later(plan.wait, self._join_sync_tick)
+        return True
+
+    def _join_sync_tick(self) -> None:
+        plan, node = self.plan, self.node
+        assert plan is not None
+        if not node.alive or self.synced_at is not None or plan.complete:
+            return
+        neighbours = [self.mesh.peer_ids[p] for p in node.overlay.push_targets(node)]
+        for peer_id, shards in plan.reassign(sorted(neighbours), self.mesh.loop.now).items():
+            self._pull(self.mesh.node_index[peer_id], shards)
+        self.mesh.loop.call_later(plan.wait, self._join_sync_tick)
+
+    def _pull(self, peer: int, shards: tuple[int, ...]) -> None:
+        assert self.plan is not None
+        self._pulls += 1
+        self.exchange(peer, (shards, self.plan.shards))
+        self.mesh.loop.call_later(self.config.gossip_timeout, self._pull_timeout, peer, self._pulls)
+
+    def _pull_timeout(self, peer: int, serial: int) -> None:
+        plan = self.plan
+        assert plan is not None
+        peer_id = self.mesh.peer_ids[peer]
+        if peer_id in plan.pulling and self._pulling.get(peer) == serial:
+            plan.finished(peer_id, ok=False)
+
+    @property
+    def joining(self) -> bool:
+        """Whether our first sync runs in parts now (gossip.py's `_joining`)."""
+        plan = self.plan
+        return plan is not None and bool(plan.contacts) and self.synced_at is None and not plan.complete
+
+    @property
+    def synced(self) -> bool:
+        """Whether our replica is complete as far as we know (gossip.py's `synced`; warm starts hold the base)."""
+        return (
+            self.synced_at is not None
+            or self.mesh.replicas.based[self.node.index]
+            or not (self.plan is not None and self.plan.contacts)
+        )
+
+    def _part_done(self, peer: int, whole: bool = True) -> None:
+        plan = self.plan
+        assert plan is not None
+        plan.finished(self.mesh.peer_ids[peer], ok=whole)
+        if plan.complete and self.synced_at is None:
+            self.synced_at = self.mesh.loop.now
+
+    # --- anti-entropy rounds ------------------------------------------------------------------------------
+    def exchange(self, peer: int, part: Part = None) -> None:
+        """Start one anti-entropy round with `peer` (over `part`'s keys only, when given)."""
         mesh = self.mesh
         sizes = mesh.sizes
         self.counters["rounds"] += 1
+        if part is not None:
+            self._pulling[peer] = self._pulls
         mesh.net.send(
             self.node.index,
             peer,
-            sizes.flight(sizes.syn_gossip + sizes.gossip_sum),
+            sizes.flight(sizes.syn_gossip + sizes.gossip_sum + (_PART_BYTES if part else 0)),
             ANTI_ENTROPY,
             mesh.nodes[peer].gossip.rpc_sum,
             self.node.index,
+            part,
+            self.synced,
         )
 
-    def rpc_sum(self, caller: int) -> None:
-        """The initiator's digest hash: answer "same", or our digest."""
+    def rpc_sum(self, caller: int, part: Part = None, caller_synced: bool = True) -> None:
+        """The initiator's digest hash: answer "same", or our digest (of `part`'s keys)."""
         mesh, node = self.mesh, self.node
         node.membership.confirm_alive(caller)
         sizes = mesh.sizes
         them = mesh.nodes[caller].gossip
         if mesh.replicas.same(node.index, caller):
-            self.synced_at = mesh.loop.now
+            if caller_synced:  # equal to a synced replica: ours is complete too
+                self.synced_at = mesh.loop.now
             _, nbytes = sizes.probe_like(0, sizes.gossip_same)
-            mesh.net.send(node.index, caller, nbytes, ANTI_ENTROPY, them.on_same)
+            mesh.net.send(
+                node.index, caller, nbytes, ANTI_ENTROPY, them.on_same, node.index, part, self.synced
+            )
             return
-        digest = sizes.framed(sizes.digest(mesh.replicas.known[node.index]))
-        mesh.net.send(node.index, caller, sizes.flight(digest), ANTI_ENTROPY, them.on_digest, node.index)
+        if part is None:
+            entries = mesh.replicas.known[node.index]
+        else:
+            self.counters["parts_served"] += 1
+            entries = sum(1 for s in mesh.replicas.entries(node.index) if in_part(s, part))
+        digest = sizes.framed(sizes.digest(entries) + (0 if self.synced else _UNSYNCED_BYTES))
+        mesh.net.send(
+            node.index,
+            caller,
+            sizes.flight(digest),
+            ANTI_ENTROPY,
+            them.on_digest,
+            node.index,
+            part,
+            self.synced,
+        )
 
-    def on_same(self) -> None:
-        """Nothing differed."""
+    def on_same(self, peer: int, part: Part = None, whole: bool = True) -> None:
+        """Nothing differed (which proves our replica complete only if the responder's is)."""
         self.counters["rounds_same"] += 1
-        self.synced_at = self.mesh.loop.now
+        if part is not None:
+            self._part_done(peer, whole)
+        elif whole:
+            self.synced_at = self.mesh.loop.now
 
-    def on_digest(self, peer: int) -> None:
+    def on_digest(self, peer: int, part: Part = None, whole: bool = True) -> None:
         """The responder's digest: send what it lacks and ask for what we lack."""
         mesh, node = self.mesh, self.node
         if not node.alive:
             return
         ours, theirs = mesh.replicas.diff(node.index, peer)
+        if part is not None:
+            # Our own record goes in every part (gossip.py): until a neighbour holds it, nobody floods it for us.
+            ours = [e for e in ours if e[0] == node.session or in_part(e[0], part)]
+            theirs = [e for e in theirs if in_part(e[0], part)]
         sizes = mesh.sizes
         step = self.config.max_records_per_message
         total = sum(mesh.record_bytes(rank) for _, rank in ours)
@@ -171,13 +287,20 @@ class SimGossip:
             node.index,
             sent,
             wanted,
+            part,
+            whole,
             records=len(sent),
         )
 
-    def on_wanted(self, caller: int, records: Records, wanted: list[int]) -> None:
+    def on_wanted(
+        self, caller: int, records: Records, wanted: list[int], part: Part = None, whole: bool = True
+    ) -> None:
         """The initiator's records and want list: merge them, then send what it wants."""
         mesh, node = self.mesh, self.node
-        node.receive(records, caller)
+        # While we join, what a neighbour sends is what the mesh holds already: merged, not pushed on.
+        node.receive(records, caller, flood=not self.joining)
+        if part is None and self.synced_at is None and mesh.nodes[caller].gossip.synced:
+            self.synced_at = mesh.loop.now  # a synced initiator sent us all it had: we hold it all
         send = [node.outgoing(s, r) for s in wanted if (r := node.rank(s)) >= 0]
         sizes = mesh.sizes
         total = sum(mesh.record_bytes(r[1]) for r in send)
@@ -185,11 +308,24 @@ class SimGossip:
         nbytes = sizes.flight(body + sizes.framed(sizes.gossip_end) + sizes.rst_cancel)
         them = mesh.nodes[caller].gossip
         mesh.net.send(
-            node.index, caller, nbytes, ANTI_ENTROPY, them.on_records, node.index, send, records=len(send)
+            node.index,
+            caller,
+            nbytes,
+            ANTI_ENTROPY,
+            them.on_records,
+            node.index,
+            send,
+            part,
+            whole,
+            records=len(send),
         )
 
-    def on_records(self, peer: int, records: Records) -> None:
+    def on_records(self, peer: int, records: Records, part: Part = None, whole: bool = True) -> None:
         """The responder's records: the end of the round."""
         if self.node.alive:
-            self.node.receive(records, peer)
-            self.synced_at = self.mesh.loop.now
+            # A part of our first sync: records our synced neighbours hold already, so not pushed on.
+            self.node.receive(records, peer, flood=part is None)
+            if part is not None:
+                self._part_done(peer, whole)
+            elif whole:
+                self.synced_at = self.mesh.loop.now

@@ -163,9 +163,8 @@ class ViewOverlay:
             self._enqueue(node, self.mesh.node_index[peer_id], msg)
 
     def _neighbour_up(self, node: SimNode, peer: int) -> None:
-        """Gossip's hello: only a node that has not synced within an anti-entropy interval asks for one."""
-        synced = node.gossip.synced_at
-        if synced is None or self.mesh.loop.now - synced > self.config.anti_entropy_interval:
+        """Gossip's hello: a joiner pulls its first sync in parts; only another node that never synced asks."""
+        if not node.gossip.neighbour_up(peer) and not node.gossip.synced:
             node.gossip.exchange(peer)
 
     def _peer_failed(self, node: SimNode, peer: int) -> None:
@@ -289,6 +288,7 @@ class ViewOverlay:
         contact_id = mesh.peer_ids[contact]
         state.ledger.protect(contact_id, BOOTSTRAP)
         mesh.net.connect(node.index, contact)
+        node.gossip.expect_contact(contact)
         self._apply(node, state.view.join, contact_id)
         # The node agent releases its bootstrap peers once it has a neighbour (the contact is one at once).
         if state.view.active:
