@@ -174,6 +174,9 @@ class Gossip:
             if shards:
                 self._spawn(self._pull_shards(peer, shards), "gossip-join-sync")
             if first:
+                # Our record to the first neighbour at once (usually the contact, whose part may wait): it floods
+                # it, so the mesh learns of the join as fast as when the contact pulled everything from us.
+                self._spawn(self._push_to(peer, self._addrs(peer), [self.registry.local]), "gossip-join-push")
                 self._spawn(self._join_sync_loop(), "gossip-join-sync-wait")
             return
         if not self.synced:

@@ -152,6 +152,9 @@ class SimGossip:
         if shards:
             self._pull(peer, shards)
         if first:
+            # Our record to the first neighbour at once (gossip.py): it floods it.
+            node = self.node
+            self.push([peer], [node.outgoing(node.session, node.rank(node.session))])
             self.mesh.loop.call_later(plan.wait, self._join_sync_tick)
         return True
 
