@@ -1,5 +1,5 @@
 """The dashboard in headless Chromium (Debian's, driven by Playwright): catalog, node map, keys, playground, usage
-and the workload.
+and the workload; a model alias on its target's card.
 
 Set OTELA_UPDATE_SCREENSHOTS=1 to refresh docs/screenshots/ from this run.
 """
@@ -19,7 +19,7 @@ from frontend_helpers import ADMIN_TOKEN, seed_usage, start_frontend, workload_r
 from frontend_services import CHROMIUM_FLAGS
 from sqlalchemy import select
 
-from opentela.cli.localmesh import LocalMesh
+from opentela.cli.localmesh import LocalMesh, free_port
 from opentela.engines.embedded import MODEL_ID
 from opentela.frontend import Frontend
 from opentela.frontend.keys import KeySettings
@@ -240,4 +240,61 @@ async def test_workload_tab_draws_the_trace_analysis_of_the_window(
     assert await page.locator('#wl-ranking .bar-row[data-label="beta-model"]').count() == 0
     assert await page.locator('#wl-ranking .bar-row[data-label="alpha-model"]').count() == 1
     assert await page.evaluate("window.__csp") == []
+    await page.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session", scope="module")
+async def alias_site(mesh: LocalMesh, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Frontend]:
+    """A frontend in front of a second ingress (no engine) given an alias and a default model by flags. Only the last
+    test asks for it, so the node map above never sees this ingress."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    node = await mesh.add_worker(
+        "dash-alias-ingress",
+        None,
+        *("--role", "ingress", "--http", f"127.0.0.1:{port}"),
+        *("--model-alias", f"smol={MODEL_ID}", "--default-model", "smol"),
+    )
+
+    async def sees_alias() -> bool:
+        try:
+            async with mesh.http().get(url + "/v1/models") as r:
+                data = (await r.json())["data"] if r.status == 200 else []
+        except aiohttp.ClientError:
+            return False
+        return any(m["id"] == "smol" and len(m["replicas"]) >= 2 for m in data)
+
+    fe = None
+    try:
+        await mesh.wait_for(sees_alias, timeout=60, what="the alias ingress to list smol")
+        fe = await start_frontend(url, f"sqlite:///{tmp_path_factory.mktemp('dash-alias') / 'frontend.db'}")
+        yield fe
+    finally:
+        if fe is not None:
+            await fe.aclose()
+        await node.stop()
+        mesh.nodes.pop("dash-alias-ingress", None)
+
+
+async def test_an_alias_shows_on_its_targets_card(alias_site: Frontend, browser) -> None:
+    _, secret = await alias_site.state.keys.create(KeySettings(name="alias-viewer"))
+    page = await browser.new_page(viewport=LAPTOP)
+    await page.goto(alias_site.url + "/")
+    await page.fill("#key-input", secret)
+    await page.click("#key-save")
+    card = page.locator(f'.model-card[data-model="{MODEL_ID}"]')
+    await card.locator(".aliases").wait_for()
+    assert (await card.locator(".aliases").inner_text()).strip() == "also: smol (default)"
+    # The alias's copy of the replicas is not counted again.
+    assert "2 of 2 replicas healthy" in await card.inner_text()
+    assert await page.locator(".model-card").count() == 1  # no card of its own
+    assert await page.locator(".model-card .replica").count() == 2
+    assert (await page.locator("#models-summary").inner_text()).startswith("1 model served, 1 alias")
+    # The playground offers the alias by name, chosen as the ingress's default.
+    await page.click("#tab-playground")
+    options = await page.locator("#chat-model option").evaluate_all(
+        "opts => opts.map(o => [o.value, o.textContent])"
+    )
+    assert options == [[MODEL_ID, MODEL_ID], ["smol", f"smol \u2192 {MODEL_ID}"]]
+    assert await page.locator("#chat-model").input_value() == "smol"
     await page.close()

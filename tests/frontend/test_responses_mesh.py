@@ -1,6 +1,6 @@
 """The Responses API and model retrieval through the frontend and a real mesh with the embedded engine (which
 serves chat completions only, so the ingress translates), with the official Python SDK and the official JS SDK,
-and the usage rows they leave."""
+and the usage rows they leave; and with the Python SDK straight at the ingress."""
 
 from __future__ import annotations
 
@@ -116,6 +116,33 @@ async def test_models_retrieve_and_refusals(frontend: Frontend, client: AsyncOpe
         await client.responses.create(model=MODEL_ID, input="hi", previous_response_id="resp_123")
     assert bad.value.body["param"] == "previous_response_id"  # type: ignore[index]
     assert "does not store" in bad.value.body["message"]  # type: ignore[index]
+
+
+async def test_the_python_sdk_straight_at_the_ingress(mesh: LocalMesh) -> None:
+    # No frontend in between: the ingress itself answers the SDK (it asks for no key).
+    sdk = AsyncOpenAI(base_url=mesh.api, api_key="unused", max_retries=0)
+    try:
+        raw = await sdk.responses.with_raw_response.create(
+            model=MODEL_ID, input="Say hi.", max_output_tokens=8, temperature=0
+        )
+        reply = raw.parse()
+        assert reply.object == "response" and reply.model == MODEL_ID and reply.output_text
+        assert reply.usage is not None and 0 < reply.usage.output_tokens <= 8
+        assert raw.headers["x-otela-provider"] in {"demo-provider-1", "demo-provider-2"}
+        stream = await sdk.responses.create(model=MODEL_ID, input="Say hi.", max_output_tokens=8, stream=True)
+        events = [e async for e in stream]
+        kinds = [e.type for e in events]
+        assert kinds[:4] == STREAM_ORDER and kinds[-4:-1] == CLOSING
+        assert kinds[-1] in ("response.completed", "response.incomplete")
+        deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert deltas and events[-1].response.output_text == deltas  # type: ignore[union-attr]
+        model = await sdk.models.retrieve(MODEL_ID)
+        assert (model.id, model.object) == (MODEL_ID, "model") and len(model.model_extra["replicas"]) >= 2
+        with pytest.raises(openai.NotFoundError) as caught:
+            await sdk.models.retrieve("SmolLM2-135M-Instruc")
+        assert f"did you mean '{MODEL_ID}'" in caught.value.body["message"]  # type: ignore[index]
+    finally:
+        await sdk.close()
 
 
 def _node_and_npm() -> tuple[str, str]:

@@ -8,14 +8,16 @@ import dataclasses
 import logging
 import socket
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from opentela._logging import setup_logging
 from opentela._signals import on_stop_signals
 from opentela.cli._process import add_log_arguments, log_flags, run_async
 from opentela.config import OtelaConfig, data_home, load_config
+from opentela.errors import ConfigError
 from opentela.fabric.addresses import parse_addr
-from opentela.frontend.db import sqlite_url
 
 if TYPE_CHECKING:
     from opentela.frontend import Frontend
@@ -33,21 +35,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
     )
     parser.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
+    add_oidc_arguments(parser.add_argument)
     add_log_arguments(parser)
+
+
+def add_oidc_arguments(add: Callable[..., object]) -> None:
+    """The login flags (`otela frontend`, `otela start --frontend`), added with `add` (a parser's add_argument).
+
+    The client secret has a file flag only: a secret given on the command line shows up in process lists, so it
+    comes from a file, OTELA_FRONTEND_OIDC_CLIENT_SECRET or the configuration file.
+    """
+    add("--oidc-issuer", metavar="URL", help="issuer URL of the OpenID Connect provider users log in with")
+    add("--oidc-client-id", metavar="ID", help="client id this frontend is registered under at the provider")
+    add(
+        "--oidc-client-secret-file",
+        metavar="FILE",
+        help="file holding the client secret of a confidential client (default: a public client, PKCE only)",
+    )
+    add(
+        "--oidc-redirect-url",
+        metavar="URL",
+        help="callback URL registered at the provider, https://HOST/auth/callback (behind a reverse proxy)",
+    )
+    add(
+        "--oidc-allowed-domain",
+        action="append",
+        metavar="DOMAIN",
+        help="email domain admitted (repeatable; with neither domains nor groups, every account)",
+    )
+    add("--oidc-allowed-group", action="append", metavar="GROUP", help="group admitted (repeatable)")
+
+
+def oidc_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The [frontend] login settings given as flags, the client secret read from its file."""
+    out: dict[str, Any] = {
+        k: v for k in ("oidc_issuer", "oidc_client_id", "oidc_redirect_url") if (v := getattr(args, k))
+    }
+    if args.oidc_client_secret_file:
+        try:
+            secret = Path(args.oidc_client_secret_file).read_text().strip()
+        except OSError as exc:
+            # Without the path: argparse takes `--oidc-client-secret VALUE` for this flag, VALUE being a secret.
+            raise ConfigError(f"cannot read the OIDC client secret file: {exc.strerror}") from None
+        if not secret:
+            raise ConfigError("the OIDC client secret file is empty")
+        out["oidc_client_secret"] = secret
+    if args.oidc_allowed_domain:
+        out["oidc_allowed_domains"] = tuple(args.oidc_allowed_domain)
+    if args.oidc_allowed_group:
+        out["oidc_allowed_groups"] = tuple(args.oidc_allowed_group)
+    return out
+
+
+def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The settings given as `otela frontend` flags, by configuration section (for `load_config(flags=...)`)."""
+    flags = {"ingress": args.ingress, "db": args.db, "http": args.http, "admin_token": args.admin_token}
+    frontend = {k: v for k, v in flags.items() if v} | oidc_flags(args)
+    return {"frontend": frontend, "log": log_flags(args)}
 
 
 def run(args: argparse.Namespace) -> int:
     """`otela frontend`: serve the frontend in front of an ingress until SIGINT/SIGTERM."""
-    flags = {"ingress": args.ingress, "db": args.db, "http": args.http, "admin_token": args.admin_token}
-    config = load_config(
-        args.config, flags={"frontend": {k: v for k, v in flags.items() if v}, "log": log_flags(args)}
-    )
+    config = load_config(args.config, flags=config_flags(args))
     setup_logging(config.log)
     return run_async(run_frontend(config))
 
 
 def frontend_db_url(config: OtelaConfig) -> str:
     """The configured database, else a SQLite file in the data directory."""
+    from opentela.frontend.db import sqlite_url  # SQLAlchemy: only when a frontend runs
+
     return config.frontend.db or sqlite_url(data_home() / "frontend.db")
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from opentela._logging import setup_logging
 from opentela._signals import on_stop_signals
 from opentela.cli._process import add_log_arguments, log_flags, run_async
+from opentela.cli.frontend import add_oidc_arguments, oidc_flags
 from opentela.config import OtelaConfig, config_home, load_config, state_home
 from opentela.engines._registry import engine_from_command, engine_from_name
 from opentela.engines.base import EngineSpec
@@ -87,6 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
     )
     option("--frontend-http", metavar="HOST:PORT", help="frontend listen address (default 127.0.0.1:8093)")
     option("--db", metavar="URL", help="frontend database URL (default: SQLite in the data directory)")
+    add_oidc_arguments(option)
     option("--max-body-bytes", type=int, metavar="N", help="largest request body accepted")
     option("--log-sink", metavar="PATH|URL", help="where a fail-stop ships its log tail")
     option("--health-interval", type=float, metavar="S", help="seconds between engine health checks")
@@ -97,6 +99,17 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         "--policy",
         metavar="NAME",
         help="ingress routing policy: random, round_robin, weighted, least_loaded, ...",
+    )
+    option(
+        "--model-alias",
+        action="append",
+        metavar="ALIAS=ID",
+        help="on an ingress, let requests name model ID as ALIAS (repeatable)",
+    )
+    option(
+        "--default-model",
+        metavar="NAME",
+        help="on an ingress, the model (an id or an alias) of requests that name none",
     )
     options += add_log_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- engine command serving the OpenAI API")
@@ -145,6 +158,10 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         gateway["max_body_bytes"] = args.max_body_bytes
     if args.policy:
         gateway["policy"] = args.policy
+    if args.model_alias:
+        gateway["model_aliases"] = tuple(args.model_alias)
+    if args.default_model:
+        gateway["default_model"] = args.default_model
     frontend: dict[str, Any] = {}
     if args.frontend:
         frontend["enabled"] = True
@@ -152,6 +169,7 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         frontend["http"] = args.frontend_http
     if args.db:
         frontend["db"] = args.db
+    frontend |= oidc_flags(args)
     return {"node": node, "gateway": gateway, "fabric": fabric, "frontend": frontend, "log": log_flags(args)}
 
 

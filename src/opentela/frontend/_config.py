@@ -31,6 +31,7 @@ class FrontendConfig:
     )
     admin_token: str = field(
         default="",
+        repr=False,  # a secret: kept out of `otela config show` and logs
         metadata={
             "help": "Bearer token of the management endpoints; empty: generated once and kept in "
             "$XDG_DATA_HOME/opentela/admin-token."
@@ -105,6 +106,7 @@ class FrontendConfig:
     )
     trace_salt: str = field(
         default="",
+        repr=False,  # a secret: kept out of `otela config show` and logs
         metadata={
             "help": "Secret key of the trace's prefix hashes: prompts hash alike only under the same salt, and "
             "without it a hash cannot be tested against a guessed prompt. Empty: generated once and kept in the "
@@ -123,6 +125,7 @@ class FrontendConfig:
     )
     oidc_client_secret: str = field(
         default="",
+        repr=False,  # a secret: kept out of `otela config show` and logs
         metadata={
             "help": "Client secret, for a confidential client (sent with HTTP Basic); empty: a public client, "
             "which PKCE alone protects."
@@ -164,6 +167,7 @@ class FrontendConfig:
     )
     session_secret: str = field(
         default="",
+        repr=False,  # a secret: kept out of `otela config show` and logs
         metadata={
             "help": "Key that signs the login and session cookies; empty: generated once and kept in the database, "
             "so every replica on it signs alike."

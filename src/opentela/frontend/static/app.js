@@ -120,12 +120,19 @@ async function loadModels() {
       // Older ingresses have no serverless view: the catalog then shows what is served.
       meshApi("/api/mesh/serverless").then((r) => r.models || {}, () => ({})),
     ]);
-    const models = listing.data || [];
-    fillModelSelect(models);
+    // An alias entry (`alias_for` its target) carries a copy of its target's replicas: it gets no card of its
+    // own, its target's card names it instead.
+    const entries = listing.data || [];
+    const models = entries.filter((m) => !m.alias_for);
+    const aliasesOf = {};
+    entries.filter((m) => m.alias_for).forEach((a) => { (aliasesOf[a.alias_for] = aliasesOf[a.alias_for] || []).push(a); });
+    fillModelSelect(models, entries.filter((m) => m.alias_for));
     const served = new Set(models.map((m) => m.id));
     const cold = Object.keys(serverless).filter((id) => !served.has(id)).sort();
     const lazy = Object.keys(serverless).length;
+    const aliasCount = entries.length - models.length;
     $("#models-summary").textContent = `${models.length} model${models.length === 1 ? "" : "s"} served` +
+      (aliasCount ? `, ${aliasCount} alias${aliasCount === 1 ? "" : "es"}` : "") +
       (lazy ? `, ${lazy} serverless` : "");
     if (!models.length && !cold.length) { box.innerHTML = `<p class="muted">No model is being served right now.</p>`; return; }
     const lazyLine = (id) => {
@@ -137,7 +144,12 @@ async function loadModels() {
     const coldCards = cold.map((id) => `<article class="card model-card" data-model="${esc(id)}">
         <h3>${esc(id)}</h3>${lazyLine(id)}
         <div class="sub">no replica: started on the first request</div></article>`).join("");
+    const aliasLine = (m) => {
+      const names = (aliasesOf[m.id] || []).map((a) => `<span class="mono" data-alias="${esc(a.id)}">${esc(a.id)}</span>${a.default ? " (default)" : ""}`);
+      return names.length ? `<div class="sub aliases">also: ${names.join(", ")}</div>` : "";
+    };
     box.innerHTML = coldCards + models.map((m) => {
+      m.replicas = m.replicas || [];  // a split model lists block servers instead
       const live = m.replicas.filter((r) => r.state === "SERVING" && !r.suspected);
       const healthy = live.filter((r) => replicaState(r) === SERVING).length;
       const others = {};
@@ -154,7 +166,7 @@ async function loadModels() {
           <span class="k">engine</span><span>${esc(r.engine || "-")}${Object.keys(r.settings || {}).length ? ` <span class="muted mono">${esc(JSON.stringify(r.settings))}</span>` : ""}</span>
         </div>`).join("");
       return `<article class="card model-card" data-model="${esc(m.id)}">
-        <h3>${esc(m.id)}</h3>
+        <h3>${esc(m.id)}${m.default ? ` <span class="badge default">default</span>` : ""}</h3>${aliasLine(m)}
         <div class="sub">${healthy} of ${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"} healthy${esc(othersText)}</div>${lazyLine(m.id)}
         ${replicas}</article>`;
     }).join("");
@@ -226,13 +238,17 @@ $("#key-forget").addEventListener("click", () => { store.key = ""; checkKey(); r
 
 // ---- playground -------------------------------------------------------------------------------------------
 const chat = { messages: [], busy: false, controller: null };
-function fillModelSelect(models) {
+function fillModelSelect(models, aliases = []) {
+  // Served ids, then aliases as "alias → id"; without an earlier choice, the ingress's default model is chosen.
   const sel = $("#chat-model");
   const keep = sel.value;
-  const ids = models.map((m) => m.id);
-  if (ids.join("|") === $$("option", sel).map((o) => o.value).join("|")) return;
-  sel.innerHTML = ids.map((id) => `<option value="${esc(id)}">${esc(id)}</option>`).join("") || `<option value="">no model served</option>`;
-  if (ids.includes(keep)) sel.value = keep;
+  const choices = [...models.map((m) => [m.id, m.id]), ...aliases.map((a) => [a.id, `${a.id} → ${a.alias_for}`])];
+  const shown = $$("option", sel).map((o) => `${o.value}=${o.textContent}`).join("|");
+  if (choices.map(([v, t]) => `${v}=${t}`).join("|") === shown) return;
+  sel.innerHTML = choices.map(([v, t]) => `<option value="${esc(v)}">${esc(t)}</option>`).join("") || `<option value="">no model served</option>`;
+  const fallback = [...models, ...aliases].find((m) => m.default);
+  if (choices.some(([v]) => v === keep)) sel.value = keep;
+  else if (fallback) sel.value = fallback.id;
 }
 function addMessage(role, text) {
   const el = document.createElement("div");
