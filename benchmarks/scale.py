@@ -540,9 +540,14 @@ def acceptance(result: dict[str, Any]) -> list[str]:
             cr, t = c["crash_resolved"], c["traffic"]["bytes_per_node_per_s"]
             slowest = max(cr["slowest_s"], c["serve_resolved"]["slowest_s"])
             other = c["traffic"].get("other_bytes_per_s", {"max": math.nan})["max"]
+            routed = c.get("crash_routing_resolved", {"slowest_s": math.nan})["slowest_s"]
             rows += [
                 f"| {mode} | {c['nodes']} (churn) | every view of SERVING replicas correct within {c['bound_s']} s "
-                f"(slowest discrepancy) | {_fmt(slowest)} | {'met' if slowest <= c['bound_s'] else 'NOT met'} |",
+                f"(slowest discrepancy: record LEFT, or SERVING applied) | {_fmt(slowest)} | "
+                f"{'met' if slowest <= c['bound_s'] else 'NOT met'} |",
+                f"| {mode} | {c['nodes']} (churn) | ... as routing sees it (a suspected replica is out of routing) | "
+                f"{_fmt(max(routed, c['serve_resolved']['slowest_s']))} | "
+                f"{'met' if max(routed, c['serve_resolved']['slowest_s']) <= c['bound_s'] else 'NOT met'} |",
                 f"| {mode} | {c['nodes']} (churn) | no node's traffic over 10 KB/s (churn window) | {_fmt(t['max'])} | "
                 f"{'met' if t['max'] <= 10 * KB else 'NOT met'} |",
                 f"| {mode} | {c['nodes']} (churn) | ... bootstrap peers left out | {_fmt(other)} | "
@@ -647,6 +652,7 @@ def render(result: dict[str, Any], pngs: list[str]) -> str:
         lines += [
             "## Validation against real processes (full mesh, loopback)",
             "",
+            *([result["validation_note"] + ".", ""] if result.get("validation_note") else []),
             f"Per-message processing fitted: {v['cpu_per_message_s'] * 1000:.2f} ms of one core, stretched by the"
             " real run's load average over 2 cores.",
             "",
