@@ -13,8 +13,8 @@ from sqlalchemy import insert
 
 from opentela.frontend.db import Database, sqlite_url
 from opentela.frontend.errors import BudgetExceededError
-from opentela.frontend.keys import KeySettings, KeyStore
-from opentela.frontend.schema import UsageRow
+from opentela.frontend.keys import KeySettings, KeyStore, new_key
+from opentela.frontend.schema import ApiKey, UsageRow
 from opentela.frontend.usage import Admission, Outcome, UsageLedger
 
 
@@ -141,7 +141,11 @@ async def test_upgrading_a_database_with_history_builds_its_counters(db_url: str
     try:
         async with db.engine.begin() as conn:
             await conn.run_sync(upgrade_to("0001"))
-        key, _ = await KeyStore(db).create(KeySettings(budget_tokens=1000, budget_period="month"))
+        # The key as that version wrote it: without the columns later migrations added (owner_id, 0005).
+        key, _ = new_key(KeySettings(budget_tokens=1000, budget_period="month"))
+        old_columns = {c.key: getattr(key, c.key) for c in ApiKey.__table__.columns if c.key != "owner_id"}
+        async with db.session() as s, s.begin():
+            await s.execute(insert(ApiKey.__table__).values(**old_columns))
         ledger = UsageLedger(db, "t")
         async with db.session() as s, s.begin():  # two requests served by a version without counters
             for i, tokens in enumerate((30, 12)):

@@ -195,7 +195,8 @@ console.log(JSON.stringify({ plain: summary, kinds, streamed, found: found.id, m
 
 
 @pytest.mark.timeout(420)
-async def test_the_official_js_sdk(frontend: Frontend) -> None:
+@pytest.mark.parametrize("through", ["frontend", "ingress"])
+async def test_the_official_js_sdk(through: str, frontend: Frontend, mesh: LocalMesh) -> None:
     try:
         node, npm = await asyncio.to_thread(_node_and_npm)
     except system_tools.Unavailable as exc:
@@ -203,8 +204,12 @@ async def test_the_official_js_sdk(frontend: Frontend) -> None:
     where = await asyncio.to_thread(_js_sdk, npm)
     script = where / "responses_check.mjs"
     script.write_text(JS_SCRIPT)
-    _, secret = await frontend.state.keys.create(KeySettings(name="js"))
-    env = {**os.environ, "BASE_URL": frontend.url + "/v1", "API_KEY": secret, "MODEL": MODEL_ID}
+    if through == "frontend":
+        _, secret = await frontend.state.keys.create(KeySettings(name="js"))
+        base = frontend.url + "/v1"
+    else:  # the mesh's ingress takes no key; the SDK insists on one
+        secret, base = "unused", mesh.api
+    env = {**os.environ, "BASE_URL": base, "API_KEY": secret, "MODEL": MODEL_ID}
     proc = await asyncio.create_subprocess_exec(
         node, str(script), cwd=where, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
