@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from opentela._logging import setup_logging
 from opentela._signals import on_stop_signals
-from opentela._types import PROTO_DEMAND, Lifecycle
+from opentela._types import PROTO_DEMAND, Lifecycle, Stream
 from opentela.bench.traces import TRACE_FORMATS, TraceRecord, read_trace
 from opentela.cli._process import run_async
 from opentela.config import OtelaConfig, config_home, data_home, load_config
@@ -52,6 +52,8 @@ logger = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT_S = 30.0
 SYNC_TIMEOUT_S = 30.0
+DEMAND_SYNC_WAIT_S = 5.0
+"""How long a want waits for a just-joined controller's first registry sync before it is answered."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -306,7 +308,16 @@ class FleetControllerNode:
             return
         serverless = self.serverless
         assert self.agent.host is not None
-        self.agent.host.set_handler(PROTO_DEMAND, serverless.handle_stream)
+        gossip = self.agent.gossip
+
+        async def handle_demand(stream: Stream) -> None:
+            # A controller that has just joined may be known to the ingress before it holds the workers'
+            # records (a joiner pulls the registry in parts): its answer waits for that, briefly.
+            if gossip is not None:
+                await gossip.wait_synced(DEMAND_SYNC_WAIT_S)
+            await serverless.handle_stream(stream)
+
+        self.agent.host.set_handler(PROTO_DEMAND, handle_demand)
 
         def changed(record: NodeRecord, local: bool) -> None:
             if serverless.starting and not local and record.models:

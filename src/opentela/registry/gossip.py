@@ -340,6 +340,13 @@ class Gossip:
         """Whether our replica is complete as far as we know: we finished an exchange, or founded the mesh."""
         return self._synced_at is not None or self.overlay is None or not self.overlay.contacts
 
+    async def wait_synced(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) until our first sync is complete; whether it is."""
+        deadline = time.monotonic() + timeout
+        while not self.synced and time.monotonic() < deadline:  # noqa: ASYNC110 (several paths set it)
+            await asyncio.sleep(0.02)
+        return self.synced
+
     async def _initiate(self, stream: Stream, part: tuple[tuple[int, ...], int] | None = None) -> bool:
         """Run one exchange; True unless the responder said its own replica is still incomplete."""
         first: dict[str, Any] = {"t": "sum", "h": self._digest_hash()}
