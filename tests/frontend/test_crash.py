@@ -161,8 +161,9 @@ async def sim_mesh(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Lo
 async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_runs_ahead(
     sim_mesh: LocalMesh, db_url: str, tmp_path: Path
 ) -> None:
-    """200 concurrent requests of a key with budgets, SIGKILL once 60 have completed. Every response the client
-    fully received has its completed row, and after the restart every budget counter equals its rows."""
+    """200 concurrent requests of a key with budgets, SIGKILL once 30 have completed (early: under load the client
+    sees completions late, and at 60 the server had once finished all 200). Every response the client fully
+    received has its completed row, and after the restart every budget counter equals its rows."""
     db = await Database.open(db_url)
     key, secret = await KeyStore(db).create(
         KeySettings(name="burst", budget_tokens=10**9, budget_requests=10**6, rpm_limit=10**6)
@@ -185,7 +186,7 @@ async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_
             seen = await _one(http, fe.url + "/v1/chat/completions", secret, body, asyncio.Event())
             if seen["complete"]:
                 completed += 1
-                if completed >= 60:
+                if completed >= 30:
                     enough.set()
             return seen
 
@@ -197,7 +198,7 @@ async def test_kill_during_a_burst_of_200_loses_no_completed_row_and_no_counter_
         await fe.node.wait(30)
         rows = await _rows(db)
         done = [s for s in seen if s["complete"]]
-        assert 60 <= len(done) < 200, len(done)  # the kill came in the middle of the burst
+        assert 30 <= len(done) < 200, len(done)  # the kill came in the middle of the burst
         for s in done:
             row = rows[s["row"]]
             assert row.status == "ok", (row.status, row.error)
