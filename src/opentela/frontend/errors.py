@@ -52,3 +52,25 @@ class BudgetExceededError(ClientError):
     status_code = 402
     error_type = "insufficient_quota"
     code = "budget_exceeded"
+
+
+class LoginRequiredError(AuthenticationError):
+    """No valid login session: the dashboard sends the user to log in."""
+
+    code = "login_required"
+
+
+class KeyLimitReachedError(ClientError):
+    """The user holds as many active keys as their group allows."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "key_limit_reached"
+
+
+class CrossOriginError(ClientError):
+    """A cookie-authenticated change that did not come from the dashboard's own page."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "cross_origin_request"

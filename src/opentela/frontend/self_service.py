@@ -11,34 +11,12 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from opentela.errors import AuthenticationError, ClientError
 from opentela.frontend.db import Database
+from opentela.frontend.errors import KeyLimitReachedError
 from opentela.frontend.keys import KeySettings, KeyStore, new_key
 from opentela.frontend.limits import GroupLimits, pick_group
 from opentela.frontend.oidc_client import Identity
 from opentela.frontend.schema import ApiKey, GroupLimit, User
-
-
-class LoginRequiredError(AuthenticationError):
-    """No valid login session: the dashboard sends the user to log in."""
-
-    code = "login_required"
-
-
-class KeyLimitReachedError(ClientError):
-    """The user holds as many active keys as their group allows."""
-
-    status_code = 403
-    error_type = "permission_error"
-    code = "key_limit_reached"
-
-
-class CrossOriginError(ClientError):
-    """A cookie-authenticated change that did not come from the dashboard's own page."""
-
-    status_code = 403
-    error_type = "permission_error"
-    code = "cross_origin_request"
 
 
 def limits_of_row(row: GroupLimit) -> GroupLimits:

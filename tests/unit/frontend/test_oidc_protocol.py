@@ -18,6 +18,7 @@ from joserfc.jwk import KeySet, OctKey, RSAKey
 from starlette.requests import Request
 
 from opentela.frontend import FrontendConfig
+from opentela.frontend.errors import CrossOriginError
 from opentela.frontend.limits import BUILTIN_GROUP_LIMITS, DEFAULT_GROUP, GroupLimits, pick_group
 from opentela.frontend.oidc import (
     LOGIN_TTL_S,
@@ -36,7 +37,6 @@ from opentela.frontend.oidc import (
     verify_id_token,
 )
 from opentela.frontend.routes.auth import same_origin
-from opentela.frontend.self_service import CrossOriginError
 from opentela.frontend.sessions import LOGIN_COOKIE, SESSION_COOKIE, CookieSigner
 
 ISSUER = "https://id.uni.example"

@@ -9,9 +9,9 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from opentela.frontend.errors import CrossOriginError
 from opentela.frontend.login import LOGIN_COOKIE_PATH, SESSION_COOKIE_PATH, Login, login_of
 from opentela.frontend.oidc import LOGIN_TTL_S, LoginError, LoginFlow, LoginRefusedError, admission_refusal
-from opentela.frontend.self_service import CrossOriginError
 from opentela.frontend.sessions import LOGIN_COOKIE, SESSION_COOKIE
 
 logger = logging.getLogger(__name__)

@@ -9,12 +9,13 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from opentela.frontend.errors import LoginRequiredError
 from opentela.frontend.keys import key_info
 from opentela.frontend.login import login_of
 from opentela.frontend.routes.admin import MAX_EXPIRE_DAYS
 from opentela.frontend.routes.auth import same_origin
 from opentela.frontend.routes.openai import usage_json
-from opentela.frontend.self_service import LoginRequiredError, limits_json, user_json
+from opentela.frontend.self_service import limits_json, user_json
 from opentela.frontend.sessions import LoggedIn
 from opentela.frontend.state import state_of
 
