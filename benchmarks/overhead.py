@@ -31,6 +31,8 @@ import json
 import os
 import platform
 import random
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -106,13 +108,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))] * 1000
 
 
+ENGINE_MS = 2.0
+"""The stand-in engine's fixed latency in this run (set from --ttft-ms): what a direct call costs beyond one hop."""
+
+
 def summarize(name: str, via: list[float], direct: list[float], stages: list[dict[str, float]]) -> dict:
-    """Percentiles of both paths, the added latency, and median stage times."""
+    """Percentiles of both paths, the added latency (also in hops), and median stage times.
+
+    A hop is one loopback HTTP round trip as this run's client pays it: the direct call's p50 less the engine's
+    fixed latency. Added p50 and p99 are divided by that same p50 hop."""
     res: dict = {"path": name, "requests": len(via)}
     for q in (50, 90, 99):
         res[f"{name}_p{q}_ms"] = round(pct(via, q), 3)
         res[f"direct_p{q}_ms"] = round(pct(direct, q), 3)
         res[f"added_p{q}_ms"] = round(pct(via, q) - pct(direct, q), 3)
+    hop = pct(direct, 50) - ENGINE_MS
+    res["hop_ms"] = round(hop, 3)
+    if hop > 0:
+        res["added_p50_hops"] = round((pct(via, 50) - pct(direct, 50)) / hop, 3)
+        res["added_p99_hops"] = round((pct(via, 99) - pct(direct, 99)) / hop, 3)
     res["added_mean_ms"] = round((statistics.mean(via) - statistics.mean(direct)) * 1000, 3)
     if stages:
         res["stages_p50_ms"] = stage_breakdown(via, direct, stages)
@@ -227,6 +241,79 @@ async def max_rate(http: aiohttp.ClientSession, mesh: Path_, direct: Path_, seco
     return {"sustained_rps": best, "criterion": f"added p99 <= {MAX_RATE_P99_MS} ms", "steps": steps}
 
 
+async def profile_mesh(
+    http: aiohttp.ClientSession,
+    via: Path_,
+    pids: dict[str, int],
+    requests: int,
+    out: Path,
+    link_prefix: str = "",
+) -> dict:
+    """Sample the mesh's processes with py-spy while `requests` requests go through them one at a time.
+
+    Two passes: collapsed stacks (for the table of where each request's time goes) and a flame graph (SVG) per
+    process. Only samples of threads doing work count (py-spy leaves out idle ones), so a function's samples
+    divided by the sampling rate and the request count is its CPU time per request."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--profile needs py-spy: pip install py-spy (or the project's bench extra)")
+    out.mkdir(parents=True, exist_ok=True)
+    report: dict = {
+        "requests": requests,
+        "rate_hz": PROFILE_RATE_HZ,
+        "processes": {},
+        "link_prefix": link_prefix,
+    }
+    for fmt, ext in (("raw", "txt"), ("flamegraph", "svg")):
+        spies = {}
+        for name, pid in pids.items():
+            argv = [spy, "record", "--pid", str(pid), "--rate", str(PROFILE_RATE_HZ), "--nonblocking"]
+            argv += ["--format", fmt, "--output", str(out / f"{name}.{ext}")]
+            spies[name] = await asyncio.create_subprocess_exec(
+                *argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+        await asyncio.sleep(1.0)  # py-spy attaches
+        t0 = time.perf_counter()
+        for _ in range(requests):
+            await via.post(http)
+        wall = time.perf_counter() - t0
+        for proc in spies.values():
+            proc.send_signal(signal.SIGINT)
+        for name, proc in spies.items():
+            _, err = await asyncio.wait_for(proc.communicate(), 60)
+            if not (out / f"{name}.{ext}").exists():
+                raise SystemExit(f"py-spy failed on {name}: {err.decode(errors='replace')[-500:]}")
+        if fmt == "raw":
+            report["wall_ms_per_request"] = round(wall / requests * 1000, 3)
+            for name in pids:
+                report["processes"][name] = collapsed_breakdown(out / f"{name}.txt", requests)
+    return report
+
+
+PROFILE_RATE_HZ = 1000
+
+
+def collapsed_breakdown(path: Path, requests: int, top: int = 25) -> dict:
+    """CPU time per request in a process, in total and by function (self time), from py-spy's collapsed stacks."""
+    self_samples: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        leaf = stack.rsplit(";", 1)[-1]
+        self_samples[leaf] = self_samples.get(leaf, 0) + n
+    per_req = 1000.0 / PROFILE_RATE_HZ / requests  # ms per sample per request
+    ranked = sorted(self_samples.items(), key=lambda kv: -kv[1])[:top]
+    return {
+        "cpu_ms_per_request": round(total * per_req, 3),
+        "samples": total,
+        "top_self": [{"function": f, "ms_per_request": round(n * per_req, 4)} for f, n in ranked],
+    }
+
+
 def header_bytes() -> dict:
     """Bytes the mesh adds on the wire per request and per response, beyond the HTTP body."""
     from opentela.fabric import _frames
@@ -278,6 +365,15 @@ async def run(args: argparse.Namespace) -> dict:
                                 file=sys.stderr,
                             )
                             rates.append(await open_loop(http, p, direct, rate, args.seconds))
+            profile = None
+            if args.profile:
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as http:
+                    print(f"profiling {args.profile_requests} requests...", file=sys.stderr)
+                    pids = {n: mesh.nodes[n].pid for n in ("ingress", "worker")}
+                    live = {k: v for k, v in pids.items() if v}
+                    profile = await profile_mesh(
+                        http, via_mesh, live, args.profile_requests, Path(args.profile)
+                    )
             # LiteLLM is stopped by now: an overloaded proxy must not steal the cores the search measures.
             highest = None
             if args.max_rate_seconds > 0:
@@ -294,6 +390,8 @@ async def run(args: argparse.Namespace) -> dict:
         "open_loop": rates,
         "max_rate": highest,
         "header_bytes": header_bytes(),
+        "profile": profile,
+        "ttft_ms": args.ttft_ms,
     }
 
 
@@ -382,12 +480,25 @@ async def run_vs_baseline(args: argparse.Namespace) -> dict:
                     )
                     res = await open_loop_paths(http, [via_new, via_base], direct, rate, args.seconds)
                     steps.append(_comparison(f"{rate:g} req/s", res))
+            profiles = None
+            if args.profile:
+                profiles = {}
+                async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=16)) as http:
+                    for label, m, via in (("new", mesh, via_new), ("baseline", base_mesh, via_base)):
+                        print(f"profiling {label}, {args.profile_requests} requests...", file=sys.stderr)
+                        pids = {n: m.nodes[n].pid for n in ("ingress", "worker")}
+                        live = {k: v for k, v in pids.items() if v}
+                        out = Path(args.profile) / label
+                        profiles[label] = await profile_mesh(
+                            http, via, live, args.profile_requests, out, _link(args, out)
+                        )
     return {
         "benchmark": "overhead_vs_baseline",
         "machine": machine(loadavg_start),
         "engine": f"simulated, fixed {args.ttft_ms} ms, 1 output token, non-streaming, ~1 KB request",
         "builds": {"new": new, "baseline": baseline},
         "steps": steps,
+        "profiles": profiles,
     }
 
 
@@ -429,15 +540,17 @@ def render_baseline_markdown(result: dict) -> str:
         "## Added latency, this build against the baseline",
         "",
         "| load | requests | added p50 new | added p50 baseline | ratio p50 | added p99 new | added p99 baseline "
-        "| ratio p99 | load avg (1 min) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| ratio p99 | hop | added p50 / p99 in hops, new | ... baseline | load avg (1 min) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for st in result["steps"]:
         new, base = st["new"], st["baseline"]
         lines.append(
             f"| {st['load']} | {new['requests']} / {base['requests']} | {new['added_p50_ms']} | "
             f"{base['added_p50_ms']} | **{_fmt_ratio(st['ratio_added_p50'])}** | {new['added_p99_ms']} | "
-            f"{base['added_p99_ms']} | **{_fmt_ratio(st['ratio_added_p99'])}** | {st['loadavg_1m']} |"
+            f"{base['added_p99_ms']} | **{_fmt_ratio(st['ratio_added_p99'])}** | {new.get('hop_ms', '-')} | "
+            f"{new.get('added_p50_hops', '-')} / {new.get('added_p99_hops', '-')} | "
+            f"{base.get('added_p50_hops', '-')} / {base.get('added_p99_hops', '-')} | {st['loadavg_1m']} |"
         )
     lines += [
         "",
@@ -452,7 +565,32 @@ def render_baseline_markdown(result: dict) -> str:
     ]
     for st in result["steps"]:
         lines += [_row(st["load"], st["new"]), _row(st["load"], st["baseline"])]
+    lines += [
+        "",
+        "## Where the mesh's time goes, both builds (medians, ms, from Server-Timing)",
+        "",
+        "| load | build | ingress | lookup | forward | node+fabric | engine | return+HTTP | direct total |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for st in result["steps"]:
+        for label in ("new", "baseline"):
+            b = st[label].get("stages_p50_ms")
+            if b:
+                lines.append(
+                    f"| {st['load']} | {label} | {b['ingress']} | {b['lookup']} | {b['forward']} | "
+                    f"{b['node_fabric']} | {b['engine']} | {b['return_http']} | {b['direct_total']} |"
+                )
+    for label, profile in (result.get("profiles") or {}).items():
+        lines += ["", f"### Profile of the {label} build", *_profile_lines(profile)[3:]]
     return "\n".join(lines) + "\n"
+
+
+def _link(args: argparse.Namespace, folder: Path) -> str:
+    """How the Markdown page in --out links to files in `folder`."""
+    try:
+        return str(folder.resolve().relative_to(Path(args.out).resolve())) + "/"
+    except ValueError:
+        return str(folder.resolve()) + "/"
 
 
 def _fmt_ratio(ratio: float | None) -> str:
@@ -532,6 +670,7 @@ def render_markdown(result: dict) -> str:
                 f"| {label} | {b['ingress']} | {b['lookup']} | {b['forward']} | {b['node_fabric']} | {b['engine']} | "
                 f"{b['return_http']} | {b['direct_total']} |"
             )
+    lines += _profile_lines(result.get("profile"))
     mr = result["max_rate"]
     if mr is None:
         lines += ["", "## Highest sustained rate", "", "Not searched in this run (`--max-rate-seconds 0`)."]
@@ -603,6 +742,14 @@ def _verdict(result: dict) -> list[str]:
             f"| added p50 at 16 req/s | <= 1.0 ms | {at16['added_p50_ms']} ms | {met(at16['added_p50_ms'] <= 1.0)} |",
             f"| added p99 at 16 req/s | <= 3 ms | {at16['added_p99_ms']} ms | {met(at16['added_p99_ms'] <= 3.0)} |",
         ]
+    for label, r in (("sequential", seq), ("at 16 req/s", at16)):
+        if r and "added_p50_hops" in r:
+            lines += [
+                f"| added p50 {label}, in hops (hop {r['hop_ms']} ms, same run) | <= 1.3 hops | "
+                f"{r['added_p50_hops']} | {met(r['added_p50_hops'] <= 1.3)} |",
+                f"| added p99 {label}, in hops | <= 2 hops | {r['added_p99_hops']} | "
+                f"{met(r['added_p99_hops'] <= 2.0)} |",
+            ]
     lines.append(
         f"| header bytes, request / response | <= 450 / 120 B | {hb['request_bytes']} / {hb['response_bytes']} B | "
         f"{met(hb['request_bytes'] <= 450 and hb['response_bytes'] <= 120)} |"
@@ -611,13 +758,15 @@ def _verdict(result: dict) -> list[str]:
     ll_seq = next((r for r in result["sequential"] if r["path"] == "litellm"), None)
     if ll_seq:
         lines.append(
-            f"| LiteLLM proxy added p50 / p99, sequential (same run) | - | {ll_seq['added_p50_ms']} / "
-            f"{ll_seq['added_p99_ms']} ms | mesh: {seq['added_p50_ms']} / {seq['added_p99_ms']} ms |"
+            f"| LiteLLM proxy added p50 / p99, sequential (same run) | mesh >= 10x lower p50 | "
+            f"{ll_seq['added_p50_ms']} / {ll_seq['added_p99_ms']} ms | mesh: {seq['added_p50_ms']} / "
+            f"{seq['added_p99_ms']} ms ({_times(ll_seq, seq)} lower p50, {met(_times(ll_seq, seq) >= 10)}) |"
         )
     if 16 in ll and at16:
         lines.append(
-            f"| LiteLLM proxy added p50 / p99 at 16 req/s (same run) | - | {ll[16]['added_p50_ms']} / "
-            f"{ll[16]['added_p99_ms']} ms | mesh: {at16['added_p50_ms']} / {at16['added_p99_ms']} ms |"
+            f"| LiteLLM proxy added p50 / p99 at 16 req/s (same run) | mesh >= 10x lower p50 | "
+            f"{ll[16]['added_p50_ms']} / {ll[16]['added_p99_ms']} ms | mesh: {at16['added_p50_ms']} / "
+            f"{at16['added_p99_ms']} ms ({_times(ll[16], at16)} lower p50, {met(_times(ll[16], at16) >= 10)}) |"
         )
     m = result["machine"]
     lines += [
@@ -627,6 +776,41 @@ def _verdict(result: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def _profile_lines(profile: dict | None) -> list[str]:
+    """The py-spy section: CPU per request in each process and the functions it goes to."""
+    if not profile:
+        return []
+    lines = [
+        "",
+        "## Where the CPU goes (py-spy)",
+        "",
+        f"{profile['requests']} sequential requests through the mesh, sampled at {profile['rate_hz']} Hz "
+        f"({profile['wall_ms_per_request']} ms per request, client included); only threads doing work are "
+        "sampled, so this is CPU time, not waiting. Flame graphs: "
+        + ", ".join(f"[{name}]({profile.get('link_prefix', '')}{name}.svg)" for name in profile["processes"])
+        + ".",
+        "",
+    ]
+    for name, proc in profile["processes"].items():
+        lines += [
+            f"**{name}**: {proc['cpu_ms_per_request']} ms of CPU per request ({proc['samples']} samples). "
+            "Functions by self time:",
+            "",
+            "| function | ms per request |",
+            "|---|---|",
+            *(f"| `{t['function']}` | {t['ms_per_request']} |" for t in proc["top_self"][:15]),
+            "",
+        ]
+    return lines
+
+
+def _times(litellm: dict, mesh: dict) -> float:
+    """How many times lower the mesh's added p50 is than LiteLLM's."""
+    return (
+        round(litellm["added_p50_ms"] / mesh["added_p50_ms"], 1) if mesh["added_p50_ms"] > 0 else float("inf")
+    )
 
 
 def _row(label: str, r: dict) -> str:
@@ -673,7 +857,15 @@ async def main() -> int:
         metavar="DIR",
         help="the src folder of another checkout: compare this build with it in one run (see above)",
     )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="after the measurements, sample the ingress and the worker with py-spy; flame graphs go to DIR",
+    )
+    ap.add_argument("--profile-requests", type=int, default=2000, help="requests sent while profiling")
     args = ap.parse_args()
+    global ENGINE_MS
+    ENGINE_MS = args.ttft_ms
     if args.baseline_src:
         if not (Path(args.baseline_src) / "opentela" / "__init__.py").is_file():
             ap.error(f"--baseline-src {args.baseline_src}: no opentela package there")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import os
 import sys
@@ -18,6 +19,7 @@ from opentela.engines.base import (
     Engine,
     EngineSpec,
     free_port,
+    prepare_socket_path,
     runs_otela_engine,
 )
 from opentela.engines.llamacpp import PROPS, props_settings, slot_context
@@ -59,6 +61,7 @@ def run_embedded(
     embeddings: bool = False,
     model_path: str | Path | None = None,
     slot_save_path: str | Path | None = None,
+    uds: str | None = None,
 ) -> None:
     """Serve the embedded model on host:port (0: any free port) until SIGINT or SIGTERM, then stop cleanly.
 
@@ -66,6 +69,7 @@ def run_embedded(
     to 2048 tokens per slot. `embeddings` turns llama.cpp into an embeddings-only server, so it stays off
     and /v1/embeddings answers 501. `slot_save_path` enables llama.cpp's slot actions
     (``POST /slots/N?action=save|restore|erase``), which it refuses without a directory to save into.
+    `uds` (a path ending in ``.sock``) is a Unix socket served as well as the port: the node's cheaper hop.
     """
     try:
         import xllamacpp
@@ -79,7 +83,11 @@ def run_embedded(
     params.n_parallel = parallel
     params.n_ctx = ctx_size or SLOT_CTX * parallel
     params.cpuparams.n_threads = threads or default_threads()
-    params.hostnames = [host]
+    if uds and not uds.endswith(".sock"):
+        sys.stderr.write(f"--uds {uds}: llama.cpp serves only paths ending in .sock; TCP only\n")
+        uds = None
+    socket_path = prepare_socket_path(uds) if uds else None
+    params.hostnames = [host, socket_path] if socket_path else [host]
     params.port = port
     params.endpoint_metrics = True
     params.embedding = embeddings
@@ -93,7 +101,16 @@ def run_embedded(
     try:
         try:
             # Returns once the HTTP server listens; llama.cpp's own threads serve from here on.
-            server = xllamacpp.Server(params)
+            try:
+                server = xllamacpp.Server(params)
+            except RuntimeError:
+                if socket_path is None:
+                    raise
+                # The socket is an optimisation: without it the node reaches the engine over TCP.
+                sys.stderr.write(f"not serving on Unix socket {socket_path}; TCP only\n")
+                socket_path = None
+                params.hostnames = [host]
+                server = xllamacpp.Server(params)
         except RuntimeError as exc:
             raise EngineUnavailableError(
                 f"the embedded llama.cpp server did not start on {host}:{port} "
@@ -106,6 +123,9 @@ def run_embedded(
         del server  # the destructor stops the main loop and joins llama.cpp's threads
     finally:
         restore_signals()
+        if socket_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(socket_path)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -126,6 +146,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory for llama.cpp's slot save/restore; also enables /slots/N?action=erase (default: off)",
     )
+    parser.add_argument(
+        "--uds", default=None, metavar="PATH", help="also serve on this Unix socket (ending in .sock)"
+    )
 
 
 def run_from_args(ns: argparse.Namespace) -> None:
@@ -138,6 +161,7 @@ def run_from_args(ns: argparse.Namespace) -> None:
         ctx_size=ns.ctx_size,
         embeddings=ns.embeddings,
         slot_save_path=ns.slot_save_path,
+        uds=ns.uds,
     )
 
 
@@ -155,6 +179,7 @@ class EmbeddedEngine(Engine):
     name = "embedded"
     default_port = DEFAULT_PORT
     ready_timeout = 120.0
+    uds_flag = "--uds"
     report_paths = (PROPS,)
 
     def matches(self, argv: Sequence[str]) -> bool:
@@ -183,7 +208,7 @@ class EmbeddedEngine(Engine):
         argv += ["--threads", str(threads), "--parallel", str(parallel)]
         if ctx_size:
             argv += ["--ctx-size", str(ctx_size)]
-        return self.spec(argv, port)
+        return self.spec(self._with_socket(argv, port), port)
 
     def launch_settings(self, argv: Sequence[str]) -> dict[str, Any]:
         """The per-slot window of ``--ctx-size`` and ``--parallel`` (2048 per slot unless told otherwise), and,

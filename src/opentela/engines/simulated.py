@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -30,6 +31,7 @@ from opentela.engines.base import (
     Engine,
     EngineSpec,
     free_port,
+    prepare_socket_path,
     runs_otela_engine,
 )
 from opentela.engines.headroom import RequestState, Slo
@@ -444,10 +446,23 @@ class SimulatedServer:
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.host, self.config.port)
             await site.start()
+            if self.config.uds:
+                await self._serve_socket(self.config.uds)
         except BaseException:
             await self.aclose()  # a port in use must not leave the executor's loop running
             raise
         self.port = int(self._runner.addresses[0][1])
+
+    async def _serve_socket(self, path: str) -> None:
+        # Alongside TCP, not instead: health checks and direct clients keep the port. A socket that cannot be
+        # made costs the node its cheaper hop, not the engine its life: the node falls back to TCP.
+        assert self._runner is not None
+        if prepare_socket_path(path) is None:
+            return
+        try:
+            await web.UnixSite(self._runner, path).start()
+        except OSError as exc:
+            sys.stderr.write(f"not serving on Unix socket {path}: {exc}; TCP only\n")
 
     async def aclose(self) -> None:
         """Stop serving; hung requests are dropped."""
@@ -456,6 +471,9 @@ class SimulatedServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+            if self.config.uds:
+                with contextlib.suppress(OSError):
+                    os.unlink(self.config.uds)
         # After the runner: requests still streaming at shutdown finish or are cancelled by it, not failed here.
         if self.scheduler is not None:
             await self.scheduler.aclose()  # kept, so its books stay readable after the server stops
@@ -516,6 +534,7 @@ class SimulatedEngine(Engine):
     name = "simulated"
     default_port = None
     ready_timeout = 30.0
+    uds_flag = "--uds"
 
     def matches(self, argv: Sequence[str]) -> bool:
         """True for ``otela engine simulated`` and ``python -m opentela engine simulated``."""
@@ -540,4 +559,4 @@ class SimulatedEngine(Engine):
         port = port or free_port()
         config = SimulatedConfig(model=model or SimulatedConfig.model, port=port, **options)
         argv = [python, "-m", "opentela", "engine", "simulated", *config.to_argv()]
-        return self.spec(argv, port)
+        return self.spec(self._with_socket(argv, port), port)

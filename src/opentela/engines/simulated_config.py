@@ -31,6 +31,10 @@ class SimulatedConfig:
     )
     host: str = field(default="127.0.0.1", metadata={"help": "address to bind"})
     port: int = field(default=0, metadata={"help": "port to bind (0: any free port)"})
+    uds: str = field(
+        default="",
+        metadata={"help": "also serve on this Unix socket path (the node's cheaper hop to its engine)"},
+    )
     ttft_ms: float = field(default=20.0, metadata={"help": "time to first token, from arrival or dequeue"})
     itl_ms: float = field(default=5.0, metadata={"help": "inter-token latency of one request"})
     itl_per_active_ms: float = field(

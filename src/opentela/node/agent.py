@@ -112,7 +112,7 @@ class NodeAgent:
         self._tasks = TaskSet("node", on_error=self._task_failed)
         self.engines = EngineSet(lambda: self.log_dir or Path.cwd(), self._make_runner, self._tasks.spawn)
         self._configured_engine = engine  # launched by start()
-        self.proxy = LocalEngineProxy(self.engines.serving_url, max_body=node.max_body_bytes)
+        self.proxy = LocalEngineProxy(self.engines.serving_target, max_body=node.max_body_bytes)
         self._closers: list[Callable[[], None]] = []
         self._recycling = False
         self.fail_stop = FailStop(

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from opentela.engines.base import EngineSpec
+from opentela.node.engine_client import EngineTarget
 from opentela.node.engine_runner import EngineRunner
 from opentela.registry.record import ModelEntry
 
@@ -80,16 +81,15 @@ class EngineSet:
     def serving_url(self, model: str | None = None) -> str | None:
         """The base URL of an engine that serves `model` now (any serving engine when None or when only one
         engine runs), or None."""
-        if model is None or len(self.runners) == 1:
-            return next((r.spec.base_url for r in self.runners.values() if r.ready), None)
-        return next(
-            (
-                r.spec.base_url
-                for r in self.runners.values()
-                if r.ready and any(m.id == model for m in r.models)
-            ),
-            None,
-        )
+        target = self.serving_target(model)
+        return target.base_url if target is not None else None
+
+    def serving_target(self, model: str | None = None) -> EngineTarget | None:
+        """Where to reach an engine that serves `model` now (as `serving_url` picks it), or None."""
+        for r in self.runners.values():
+            if r.ready and (model is None or len(self.runners) == 1 or any(m.id == model for m in r.models)):
+                return EngineTarget(r.spec.base_url, r.spec.unix_socket)
+        return None
 
     def serving_models(self) -> tuple[ModelEntry, ...]:
         """The model entries of every engine that serves now, for the node's record."""

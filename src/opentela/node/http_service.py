@@ -8,8 +8,6 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-
 from opentela._types import Stream
 from opentela.errors import (
     EngineCrashedError,
@@ -29,6 +27,7 @@ from opentela.fabric.http_tunnel import (
     encode_response_head,
     read_request,
 )
+from opentela.node.engine_client import EngineClient, EngineConnectionError, EngineTarget
 
 logger = logging.getLogger(__name__)
 
@@ -41,16 +40,12 @@ _ALLOWED_PATHS = (
 )
 
 
-ENGINE_KEEPALIVE_S = 4.0
-"""How long an idle connection to the engine is kept for the next request."""
-
-
 class LocalEngineProxy:
     """Forwards requests to the engine on this node over a keep-alive HTTP pool."""
 
     def __init__(
         self,
-        engine_url: Callable[[str | None], str | None],
+        engine_url: Callable[[str | None], EngineTarget | str | None],
         *,
         max_body: int,
         connect_timeout: float = 5.0,
@@ -58,10 +53,7 @@ class LocalEngineProxy:
     ) -> None:
         self._engine_url = engine_url
         self._max_body = max_body
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=connect_timeout, sock_read=read_timeout
-        )
-        self._session: aiohttp.ClientSession | None = None
+        self._http = EngineClient(connect_timeout=connect_timeout, read_timeout=read_timeout)
         self.in_flight = 0
         self.busy: dict[str, int] = {}
         """Requests in flight per engine base URL (a node may run several engines)."""
@@ -75,22 +67,8 @@ class LocalEngineProxy:
         return f"<LocalEngineProxy engine={self._engine_url(None)} in_flight={self.in_flight}>"
 
     async def aclose(self) -> None:
-        """Close the HTTP pool."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # Loopback only, so no DNS cache games; a generous pool because streams may be long-lived. Idle
-            # connections are dropped before the engine's own keep-alive ends (5 s for llama.cpp's server and for
-            # uvicorn, which vLLM and SGLang run): a request written into a connection the engine is closing fails
-            # as "server disconnected" and costs a retry. A new loopback connection costs well under a millisecond.
-            connector = aiohttp.TCPConnector(limit=1024, keepalive_timeout=ENGINE_KEEPALIVE_S)
-            self._session = aiohttp.ClientSession(
-                connector=connector, timeout=self._timeout, auto_decompress=False
-            )
-        return self._session
+        """Close the pooled engine connections."""
+        await self._http.aclose()
 
     async def handle_stream(self, stream: Stream) -> None:
         """Handler for /otela/http/1 streams."""
@@ -105,15 +83,18 @@ class LocalEngineProxy:
     async def forward(self, request: TunnelRequest, stream: Stream) -> None:
         """Send `request` to the engine and write the response head and body to `stream`."""
         model = request.headers.get(MODEL_HEADER)
-        base = self._engine_url(model)
-        if base is None or request.path not in _ALLOWED_PATHS:
+        target = self._engine_url(model)
+        if target is None or request.path not in _ALLOWED_PATHS:
             err: OpenTelaError = (
                 EngineUnavailableError(f"no engine on this node serves {model or 'requests'} now")
-                if base is None
+                if target is None
                 else ProtocolError(f"path {request.path} is not forwarded")
             )
             await self._write_error(stream, err)
             return
+        if isinstance(target, str):
+            target = EngineTarget(target)
+        base = target.base_url
         headers = dict(request.headers)
         headers["X-Request-Id"] = request.request_id
         self.in_flight += 1
@@ -134,8 +115,8 @@ class LocalEngineProxy:
 
         stream.on_abort(give_up)
         try:
-            async with self._client().request(
-                request.method, base + request.path, data=request.body or None, headers=headers
+            async with self._http.request(
+                target, request.method, request.path, request.body, headers
             ) as resp:
                 out_headers = {k: resp.headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in resp.headers}
                 if resp.content_length is not None:
@@ -143,19 +124,19 @@ class LocalEngineProxy:
                     body = await resp.read()
                     took = _micros(sent_at) if request.timing else None
                     head = encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
-                    await stream.write(head + body)
                     head_sent = True
+                    await stream.write(head + body)
                 else:
                     took = _micros(sent_at) if request.timing else None
                     await stream.write(
                         encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
                     )
                     head_sent = True
-                    async for chunk in resp.content.iter_any():
+                    async for chunk in resp.chunks():
                         await stream.write(chunk)
             await stream.write_eof()
             self.served += 1
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
+        except EngineConnectionError as exc:
             logger.warning("engine failed request %s: %r", request.request_id, exc)
             if head_sent:
                 stream.reset(RESET_ENGINE_CRASHED, f"engine connection lost: {exc}")

@@ -141,7 +141,10 @@ def test_build_embedded_and_simulated() -> None:
         "2",
         "--parallel",
         "3",
+        "--uds",
+        emb.unix_socket,
     )
+    assert emb.unix_socket is not None and emb.unix_socket.endswith("otela-embedded-18123.sock")
     assert engine_from_name("embedded", MODEL_ID, None).port > 0
     with pytest.raises(ConfigError, match=MODEL_ID):
         engine_from_name("embedded", "Qwen/Qwen3-1.7B")

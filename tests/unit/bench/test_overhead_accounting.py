@@ -1,0 +1,62 @@
+"""benchmarks/overhead.py's accounting: added latency in hops, py-spy's collapsed stacks per request, the report."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _overhead():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("overhead_bench", ROOT / "benchmarks" / "overhead.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["overhead_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+overhead = _overhead()
+
+
+def test_added_latency_is_counted_in_hops_of_the_same_run(monkeypatch) -> None:
+    monkeypatch.setattr(overhead, "ENGINE_MS", 2.0)
+    direct = [0.0035] * 100  # 3.5 ms: the engine's 2 ms plus a 1.5 ms hop
+    via = [0.0035 + 0.0030] * 99 + [0.0035 + 0.0045]
+    res = overhead.summarize("mesh", via, direct, [])
+    assert res["hop_ms"] == 1.5
+    assert res["added_p50_ms"] == 3.0 and res["added_p50_hops"] == 2.0
+    assert res["added_p99_hops"] == 2.0  # the 99th of 100 samples by nearest rank
+
+
+def test_collapsed_stacks_become_cpu_time_per_request(tmp_path) -> None:
+    raw = tmp_path / "ingress.txt"
+    raw.write_text(
+        "main (a.py:1);run (a.py:2);parse (b.py:3) 300\n"
+        "main (a.py:1);run (a.py:2);write (c.py:4) 100\n"
+        "main (a.py:1);parse (b.py:3) 100\n"
+    )
+    out = overhead.collapsed_breakdown(raw, requests=100)
+    # 500 samples at 1 kHz over 100 requests: 5 ms of CPU per request, 4 of them in parse.
+    assert out["cpu_ms_per_request"] == 5.0 and out["samples"] == 500
+    assert out["top_self"][0] == {"function": "parse (b.py:3)", "ms_per_request": 4.0}
+    assert out["top_self"][1]["ms_per_request"] == 1.0
+
+
+def test_the_report_judges_hops_and_litellm() -> None:
+    seq = {
+        "path": "mesh", "requests": 10, "added_p50_ms": 1.8, "added_p99_ms": 2.5, "hop_ms": 1.5,
+        "added_p50_hops": 1.2, "added_p99_hops": 1.667,
+    }  # fmt: skip
+    litellm = {"path": "litellm", "added_p50_ms": 19.0, "added_p99_ms": 25.0}
+    result = {
+        "sequential": [seq, litellm],
+        "open_loop": [],
+        "header_bytes": {"request_bytes": 135, "response_bytes": 66},
+        "machine": {"loadavg_start": [0.5], "loadavg_end": [0.7], "cpus": 2},
+    }
+    text = "\n".join(overhead._verdict(result))
+    assert "| added p50 sequential, in hops (hop 1.5 ms, same run) | <= 1.3 hops | 1.2 | met |" in text
+    assert "10.6 lower p50, met" in text
