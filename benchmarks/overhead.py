@@ -61,7 +61,7 @@ MODEL = "sim-model"
 BODY = json.dumps(
     {"model": MODEL, "messages": [{"role": "user", "content": "x" * 900}], "max_tokens": 1}
 ).encode()  # ~1 KB request, as in the fabric measurements
-STAGES = ("parse", "route", "open", "upstream", "engine", "reply")
+STAGES = ("parse", "route", "open", "upstream", "engine", "node", "reply")
 MAX_RATE_P99_MS = 10.0
 NEW_SRC = Path(opentela.__file__).resolve().parents[1]  # the build this benchmark imports
 
@@ -139,15 +139,19 @@ def stage_breakdown(via: list[float], direct: list[float], stages: list[dict[str
     ingress: reading and checking the request, building the answer (parse + reply); lookup: registry read,
     trust/constraint filters and policy (route); forward: opening the stream and writing the tunnel request
     (open); node+fabric: tunnel transit both ways and the serving node's proxy (upstream - engine); engine:
-    the engine as the serving node sees it; return and HTTP: what the client sees beyond the ingress's own
-    handler (client total - handler total), which includes the HTTP hop client <-> ingress.
+    the engine as the serving node sees it; node: the serving node's own time before and after the engine (until
+    it wrote the answer's head), and fabric: the rest of node+fabric (both tunnel transits, the node's last write),
+    when the serving node reports them; return and HTTP: what the client sees beyond the ingress's own handler
+    (client total - handler total), which includes the HTTP hop client <-> ingress.
     """
     med = {k: statistics.median(s.get(k, 0.0) for s in stages) for k in STAGES}
-    # Per request: what the client saw beyond the ingress handler (the engine's time sits inside "upstream").
+    # Per request: what the client saw beyond the ingress handler (engine and node time sit inside "upstream").
     outside = [
-        s["total"] - sum(s.get(k, 0.0) for k in STAGES if k != "engine") for s in stages if "total" in s
+        s["total"] - sum(s.get(k, 0.0) for k in STAGES if k not in ("engine", "node"))
+        for s in stages
+        if "total" in s
     ]
-    return {
+    out = {
         "ingress": round(med["parse"] + med["reply"], 3),
         "lookup": round(med["route"], 3),
         "forward": round(med["open"], 3),
@@ -156,6 +160,10 @@ def stage_breakdown(via: list[float], direct: list[float], stages: list[dict[str
         "return_http": round(statistics.median(outside), 3) if outside else None,
         "direct_total": round(statistics.median(direct) * 1000, 3),
     }
+    if any("node" in s for s in stages):  # builds whose serving node reports its own time
+        out["node"] = round(med["node"], 3)
+        out["fabric"] = round(statistics.median(s["upstream"] - s["engine"] - s["node"] for s in stages), 3)
+    return out
 
 
 async def closed_loop(http: aiohttp.ClientSession, paths: list[Path_], n: int) -> dict[str, tuple]:
@@ -569,8 +577,9 @@ def render_baseline_markdown(result: dict) -> str:
         "",
         "## Where the mesh's time goes, both builds (medians, ms, from Server-Timing)",
         "",
-        "| load | build | ingress | lookup | forward | node+fabric | engine | return+HTTP | direct total |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| load | build | ingress | lookup | forward | node+fabric | (node) | (fabric) | engine | return+HTTP "
+        "| direct total |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for st in result["steps"]:
         for label in ("new", "baseline"):
@@ -578,7 +587,8 @@ def render_baseline_markdown(result: dict) -> str:
             if b:
                 lines.append(
                     f"| {st['load']} | {label} | {b['ingress']} | {b['lookup']} | {b['forward']} | "
-                    f"{b['node_fabric']} | {b['engine']} | {b['return_http']} | {b['direct_total']} |"
+                    f"{b['node_fabric']} | {b.get('node', '-')} | {b.get('fabric', '-')} | {b['engine']} | "
+                    f"{b['return_http']} | {b['direct_total']} |"
                 )
     for label, profile in (result.get("profiles") or {}).items():
         lines += ["", f"### Profile of the {label} build", *_profile_lines(profile)[3:]]
@@ -655,11 +665,13 @@ def render_markdown(result: dict) -> str:
         "From the ingress's `Server-Timing` header (`gateway.server_timing`, on for this run): *ingress* reads and",
         "checks the request and builds the answer; *lookup* is the registry read, trust and constraint filters and",
         "the policy; *forward* opens the fabric stream and writes the tunnel request; *node+fabric* is the tunnel",
-        "both ways plus the serving node's proxy; *engine* is the engine as the serving node sees it;",
-        "*return+HTTP* is what the client measures beyond the ingress handler (the client <-> ingress HTTP hop).",
+        "both ways plus the serving node's proxy, split into *(node)*, the serving node's own time before and after",
+        "the engine until it wrote the answer's head, and *(fabric)*, the rest (both transits, wake-ups, the node's",
+        "last write); *engine* is the engine as the serving node sees it (its HTTP hop included); *return+HTTP* is",
+        "what the client measures beyond the ingress handler (the client <-> ingress HTTP hop).",
         "",
-        "| load | ingress | lookup | forward | node+fabric | engine | return+HTTP | direct total |",
-        "|---|---|---|---|---|---|---|---|",
+        "| load | ingress | lookup | forward | node+fabric | (node) | (fabric) | engine | return+HTTP | direct total |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, r in [("sequential", s) for s in result["sequential"] if s["path"] == "mesh"] + [
         (f"{r['rate_rps']:g} req/s", r) for r in result["open_loop"] if r["path"] == "mesh"
@@ -667,8 +679,9 @@ def render_markdown(result: dict) -> str:
         b = r.get("stages_p50_ms")
         if b:
             lines.append(
-                f"| {label} | {b['ingress']} | {b['lookup']} | {b['forward']} | {b['node_fabric']} | {b['engine']} | "
-                f"{b['return_http']} | {b['direct_total']} |"
+                f"| {label} | {b['ingress']} | {b['lookup']} | {b['forward']} | {b['node_fabric']} | "
+                f"{b.get('node', '-')} | {b.get('fabric', '-')} | {b['engine']} | {b['return_http']} | "
+                f"{b['direct_total']} |"
             )
     lines += _profile_lines(result.get("profile"))
     mr = result["max_rate"]

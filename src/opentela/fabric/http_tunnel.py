@@ -2,7 +2,8 @@
 
 Request:  u32 head length | msgpack head {m, p, h, r, b, t?} | b bytes of body | half-close.
 Response: u32 head length | msgpack head {s, h, e?, t?} | body bytes as the engine produces them | half-close.
-A request with ``t: 1`` asks for timing; its response head then carries ``t``: the engine's time in microseconds.
+A request with ``t: 1`` asks for timing; its response head then carries ``t``: the engine's time in microseconds, and
+``n``: the serving node's own time before and after it (until the head was written), in microseconds.
 A failure after the response head resets the stream with one of the RESET_* codes below.
 """
 
@@ -56,6 +57,8 @@ class TunnelResponseHead:
     error_code: str | None = None
     engine_us: int | None = None
     """Microseconds the engine took to answer, when the request asked for timing."""
+    node_us: int | None = None
+    """Microseconds the serving node spent on the request outside the engine, up to writing this head."""
 
 
 def _pack_head(obj: dict[str, Any]) -> bytes:
@@ -116,6 +119,8 @@ def encode_response_head(head: TunnelResponseHead) -> bytes:
         obj["e"] = head.error_code
     if head.engine_us is not None:
         obj["t"] = head.engine_us
+    if head.node_us is not None:
+        obj["n"] = head.node_us
     return _pack_head(obj)
 
 
@@ -125,10 +130,11 @@ async def read_response_head(stream: Stream) -> TunnelResponseHead:
     status, headers, error_code = head.get("s"), head.get("h", {}), head.get("e")
     if not isinstance(status, int) or not 100 <= status <= 599 or not isinstance(headers, dict):
         raise ProtocolError("tunnel response head is malformed")
-    engine_us = head.get("t")
+    engine_us, node_us = head.get("t"), head.get("n")
     return TunnelResponseHead(
         status,
         {str(k): str(v) for k, v in headers.items()},
         error_code,
         engine_us if isinstance(engine_us, int) else None,
+        node_us if isinstance(node_us, int) else None,
     )

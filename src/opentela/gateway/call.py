@@ -151,7 +151,7 @@ class Call:
         self.forwarder.close(self, exc)
 
     def server_timing(self) -> str:
-        """The Server-Timing header: parse, route, open, upstream, engine and reply stages."""
+        """The Server-Timing header: parse, route, open, upstream, engine, node and reply stages."""
         attempt = self.attempt
         assert attempt is not None and attempt.head is not None
         now = time.perf_counter()
@@ -163,5 +163,7 @@ class Call:
         ]
         if attempt.head.engine_us is not None:
             stages.append(("engine", attempt.head.engine_us / 1e6))
+        if attempt.head.node_us is not None:
+            stages.append(("node", attempt.head.node_us / 1e6))
         stages.append(("reply", now - attempt.head_at))
         return ", ".join(f"{name};dur={seconds * 1000:.3f}" for name, seconds in stages)

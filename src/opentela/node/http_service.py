@@ -72,16 +72,20 @@ class LocalEngineProxy:
 
     async def handle_stream(self, stream: Stream) -> None:
         """Handler for /otela/http/1 streams."""
+        arrived = time.perf_counter()
         try:
             request = await read_request(stream, self._max_body)
         except (ProtocolError, asyncio.IncompleteReadError) as exc:
             logger.warning("bad tunnel request from %s: %s", stream.remote_peer, exc)
             stream.reset(RESET_BAD_REQUEST, f"bad request: {exc}")
             return
-        await self.forward(request, stream)
+        await self.forward(request, stream, arrived)
 
-    async def forward(self, request: TunnelRequest, stream: Stream) -> None:
-        """Send `request` to the engine and write the response head and body to `stream`."""
+    async def forward(self, request: TunnelRequest, stream: Stream, arrived: float | None = None) -> None:
+        """Send `request` to the engine and write the response head and body to `stream`.
+
+        `arrived` (a perf_counter reading) is when the stream came in: with it, a request that asks for timing
+        learns the node's own time as well as the engine's."""
         model = request.headers.get(MODEL_HEADER)
         target = self._engine_url(model)
         if target is None or request.path not in _ALLOWED_PATHS:
@@ -122,15 +126,16 @@ class LocalEngineProxy:
                 if resp.content_length is not None:
                     # Small, complete bodies go out with the head in one write: one frame, one syscall.
                     body = await resp.read()
-                    took = _micros(sent_at) if request.timing else None
-                    head = encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
+                    head = encode_response_head(
+                        self._head(resp.status, out_headers, request, sent_at, arrived)
+                    )
                     head_sent = True
                     await stream.write(head + body)
                 else:
-                    took = _micros(sent_at) if request.timing else None
-                    await stream.write(
-                        encode_response_head(TunnelResponseHead(resp.status, out_headers, None, took))
+                    head = encode_response_head(
+                        self._head(resp.status, out_headers, request, sent_at, arrived)
                     )
+                    await stream.write(head)
                     head_sent = True
                     async for chunk in resp.chunks():
                         await stream.write(chunk)
@@ -163,6 +168,17 @@ class LocalEngineProxy:
             self.last_done[base] = time.monotonic()
 
     @staticmethod
+    def _head(
+        status: int, headers: dict[str, str], request: TunnelRequest, sent_at: float, arrived: float | None
+    ) -> TunnelResponseHead:
+        if not request.timing:
+            return TunnelResponseHead(status, headers)
+        now = time.perf_counter()
+        engine_us = int((now - sent_at) * 1e6)
+        node_us = int((now - arrived) * 1e6) - engine_us if arrived is not None else None
+        return TunnelResponseHead(status, headers, None, engine_us, node_us)
+
+    @staticmethod
     async def _write_error(stream: Stream, err: OpenTelaError) -> None:
         body = json.dumps(err.to_openai()).encode()
         head = TunnelResponseHead(err.status_code, {"content-type": "application/json"}, err.code)
@@ -171,7 +187,3 @@ class LocalEngineProxy:
             await stream.write_eof()
         except OpenTelaError:
             pass
-
-
-def _micros(since: float) -> int:
-    return int((time.perf_counter() - since) * 1e6)

@@ -60,16 +60,20 @@ async def test_request_round_trip(
     st.integers(100, 599),
     st.dictionaries(st.sampled_from(["content-type"]), st.text(max_size=30)),
     st.one_of(st.none(), st.integers(0, 2**40)),
+    st.one_of(st.none(), st.integers(-(2**20), 2**40)),
 )
-async def test_response_head_round_trip(status: int, headers: dict, engine_us: int | None) -> None:
-    head_out = TunnelResponseHead(status, headers, "engine_crashed", engine_us)
+async def test_response_head_round_trip(
+    status: int, headers: dict, engine_us: int | None, node_us: int | None
+) -> None:
+    head_out = TunnelResponseHead(status, headers, "engine_crashed", engine_us, node_us)
     stream = await feed(encode_response_head(head_out) + b"body")
     head = await read_response_head(stream)
-    assert (head.status, head.headers, head.error_code, head.engine_us) == (
+    assert (head.status, head.headers, head.error_code, head.engine_us, head.node_us) == (
         status,
         headers,
         "engine_crashed",
         engine_us,
+        node_us,
     )
     assert await stream.read() == b"body"
 

@@ -99,7 +99,9 @@ async def test_chunked_body_arrives_as_it_is_sent() -> None:
 
     async def streamer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
         writer.write(b"6\r\ndata 1\r\n")
         await writer.drain()
         await go_on.wait()
