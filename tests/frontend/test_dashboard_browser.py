@@ -163,14 +163,21 @@ async def test_playground_streams_a_real_answer(
     )
     await page.fill("#chat-max", "24")
     await page.fill("#chat-input", "What is the capital of France?")
-    await page.press("#chat-input", "Enter")
+    async with page.expect_response(lambda r: r.url.endswith("/v1/chat/completions")) as answered:
+        await page.press("#chat-input", "Enter")
+    response = await answered.value
     await page.wait_for_function(
         "() => document.querySelector('#chat-meta').textContent.includes('tokens')", timeout=90_000
     )
     answer = await page.locator(".msg.assistant").last.inner_text()
     meta = await page.locator("#chat-meta").inner_text()
     assert answer.strip() and "demo-provider-" in meta
-    assert await page.evaluate("window.__updates") >= 3
+    # Streamed: the page asked for an event stream and got the answer in many events. How many DOM updates that
+    # makes depends on how the events were batched into network reads, so the page only has to have grown it.
+    assert response.headers["content-type"].startswith("text/event-stream")
+    events = [line for line in (await response.body()).split(b"\n") if line.startswith(b"data: {")]
+    assert len(events) >= 3
+    assert await page.evaluate("window.__updates") >= 2
     async with site.state.db.session() as s:
         rows = (await s.scalars(select(UsageRow).where(UsageRow.key_id == key.id))).all()
     assert [(r.status, r.stream) for r in rows] == [("ok", True)] and rows[0].output_tokens > 0
