@@ -23,18 +23,27 @@ from opentela.scheduler.step_model import FITTABLE, StepModel
 DEFAULT_FREE = ("step_overhead_s", "gemm", "attention_prefill")
 """What three points fit on a GPU: a short decode step, a mid and a long prefill."""
 
-CPU_FREE = ("gemv", "gemm", "attention_decode")
-"""What three points fit on a CPU: the smallest decode step (the vector kernel), the decode step holding the most
-context (decode attention, which CPU kernels run far below their matrix rate) and a mid-sized prefill (the
-matrix kernel)."""
+CPU_FREE = ("gemm", "attention_prefill", "attention_decode")
+"""What three points fit on a CPU: the smallest decode step (the matrix products, through the engine's vector
+rows where it has them), the decode step holding the most context (decode attention, which CPU kernels run far
+below their matrix rate) and the longest prefill (prompt attention, a third of its time or more)."""
 
 LLAMA_CPP_ENGINES = frozenset({"embedded", "llama.cpp", "llamacpp", "llama-cpp", "llama-server"})
 """Engine names that run llama.cpp's kernels."""
 
-LLAMA_CPP_CPU = StepModel(gemv_rows=3)
-"""llama.cpp's CPU backend multiplies activation rows in groups of four with its tiled matrix kernel and the
-rest with its vector kernel, so a product of at most three rows runs at the vector rate: a property of the
-kernels, not fitted."""
+LLAMA_CPP_CPU = StepModel(gemv_rows=3, gemv_tie=0.75, ubatch_tokens=512, kv_pad=256)
+"""What llama.cpp's CPU backend fixes rather than a calibration fits.
+
+- `gemv_rows=3`, `gemv_tie=0.75`: up to three rows, its products run row by row; from four on, in groups of
+  four that cost what three single rows do. Measured on SmolLM2 (Q4_1 layers, Q8_0 output projection; 1 and 2
+  threads, three runs): a decode step of two sequences costs twice one, of four three times one, and from eight
+  on the cost per sequence levels off at about 3/4 of one alone. llama.cpp's tiled (tinyBLAS) and repacked
+  kernels take rows in groups of four like this; its build here has them for the Q8_0 output projection but not
+  for Q4_1, so which kernel gives the Q4_1 layers the same shape is not traced.
+- `ubatch_tokens=512`: its default micro-batch; a longer prompt runs as passes of 512 rows.
+- `kv_pad=256`: with flash attention it pads the KV view to 256 cells, and the queries of a prompt run over
+  the whole view in tiles, masked cells included (a decode step's single query skips them).
+"""
 
 MAX_POINTS = 3
 """Calibration stays cheap: at most this many measured steps."""
@@ -144,6 +153,8 @@ def fit_step_model(
             for name, v in zip(free, x, strict=True)
         }
         values["step_overhead_s"] = max(values.get("step_overhead_s", start.step_overhead_s), 0.0)
+        if start.gemv_tie and "gemv" not in free:
+            values["gemv"] = start.gemv_tie * values.get("gemm", start.gemm)
         return start.with_values(values)
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -208,8 +219,7 @@ def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512, kind: str
 
     GPU: the smallest decode step, the prefill nearest `mid_prefill` tokens and the longest prefill (what
     `DEFAULT_FREE` needs to tell its parameters apart). CPU: the smallest decode step, the decode step with the
-    most context in total and the prefill nearest the geometric middle of the prefill lengths, the longer of two
-    equally near (`CPU_FREE`).
+    most context in total and the longest prefill (`CPU_FREE`).
     """
     decodes = [p for p in points if p.decode and not p.prefill]
     prefills = [p for p in points if p.prefill and not p.decode and not any(p.cached)]
@@ -218,10 +228,7 @@ def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512, kind: str
             raise ConfigError("calibration on a CPU needs two decode steps and a prefill")
         small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))
         most = max((p for p in decodes if p is not small), key=lambda p: (sum(p.decode), len(p.decode)))
-        lengths = [sum(p.prefill) for p in prefills]
-        middle = math.sqrt(min(lengths) * max(lengths))
-        mid = min(prefills, key=lambda p: (abs(math.log(sum(p.prefill) / middle)), -sum(p.prefill)))
-        return [small, most, mid]
+        return [small, most, max(prefills, key=lambda p: sum(p.prefill))]
     if not decodes or len(prefills) < 2:
         raise ConfigError("calibration needs at least one decode step and two prefill lengths")
     small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from opentela.errors import ConfigError
 from opentela.scheduler.hardware import Device
 from opentela.scheduler.models import BYTES_PER_ELEMENT, ModelSpec
+from opentela.scheduler.step_model import StepModel
+
+PLAIN_VIEW = StepModel()
+"""No micro-batches, no KV padding: what attention runs over unless a step model says otherwise."""
 
 ALLREDUCE_LATENCY_S = 5e-6
 """Fixed cost of one ring all-reduce hop (launch and synchronisation)."""
@@ -22,9 +26,12 @@ class Precision:
     weights: str = "fp16"
     kv_cache: str = "fp16"
     activations: str = "fp16"
+    head: str = ""
+    """Storage of the output projection (LM head) where it differs from `weights` (GGUF files often keep it
+    in q8_0 next to 4-bit layers); empty: `weights`."""
 
     def __post_init__(self) -> None:
-        for value in (self.weights, self.kv_cache, self.activations):
+        for value in (self.weights, self.kv_cache, self.activations, self.head or self.weights):
             if value not in BYTES_PER_ELEMENT:
                 raise ConfigError(f"unknown dtype {value!r}; known: {', '.join(BYTES_PER_ELEMENT)}")
 
@@ -98,10 +105,12 @@ def layer_operators(
     tp: int = 1,
     precision: Precision = Precision(),
     cached: Sequence[int] = (),
+    view: StepModel = PLAIN_VIEW,
 ) -> list[Operator]:
     """The operators of ONE decoder layer for a batch: new prompts (or prompt chunks) of lengths `prefill`
     after `cached` tokens already in their KV caches (a prefix hit or earlier chunks; default none), and
-    sequences decoding one token each whose KV caches hold `decode` tokens."""
+    sequences decoding one token each whose KV caches hold `decode` tokens. `view` gives the engine's
+    micro-batch and KV padding (what attention runs over); its efficiencies play no part here."""
     p = precision
     ab, kb, wb = (BYTES_PER_ELEMENT[x] for x in (p.activations, p.kv_cache, p.weights))
     t = float(sum(prefill) + len(decode))
@@ -114,13 +123,15 @@ def layer_operators(
     if prefill:
         n = np.asarray(prefill, dtype=float)
         k = np.asarray(cached, dtype=float) if len(cached) else np.zeros_like(n)
-        # Causal attention: QK^T and PV each 2*n*n/2*hd per head, plus 2*n*k*hd each against the k cached
-        # tokens; flash attention reads q, k, v once and the cached KV, writes o and the new KV into the cache.
-        flops = float(2 * np.sum(n * n + 2 * n * k)) * q_heads * hd
+        # Attention over (query, key) pairs: QK^T and PV each 2*hd per pair and head (causal: n*n/2 + n*k
+        # pairs); flash attention reads q, k, v once and the cached KV, writes o and the new KV into the cache.
+        pairs = sum(prompt_pairs(int(a), int(b), view) for a, b in zip(prefill, k, strict=True))
+        flops = 4 * pairs * q_heads * hd
         moved = float(np.sum(n)) * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb)
         moved += float(np.sum(k)) * 2 * kv_heads * hd * kb
         ops.append(Operator("attention_prefill", flops, moved, p.activations, kind="attention_prefill"))
     if decode:
+        # One query per sequence runs the vector kernel, which skips masked cells: the context itself counts.
         ctx = float(np.sum(np.asarray(decode, dtype=float)))
         # Each decoding sequence reads its whole KV cache: 2 (k, v) x ctx x kv_heads x hd.
         flops = 4 * ctx * q_heads * hd
@@ -134,6 +145,21 @@ def layer_operators(
     if tp > 1:
         ops.append(Operator("allreduce_mlp", 0.0, 0.0, comm_bytes=t * h * ab, kind="communication"))
     return ops
+
+
+def prompt_pairs(n: int, cached: int = 0, view: StepModel = PLAIN_VIEW) -> float:
+    """(query, key) pairs prompt attention computes for a chunk of `n` tokens after `cached` ones.
+
+    Causal, n*n/2 + n*cached, unless the engine pads its KV view (`view.kv_pad`): then each micro-batch's
+    queries run over every cell of the padded view, masked cells included.
+    """
+    if not view.kv_pad:
+        return n * n / 2 + n * cached
+    total, done = 0.0, 0
+    for rows in view.passes(n):
+        done += rows
+        total += rows * float(view.kv_cells(cached + done))
+    return total
 
 
 def mlp_operators(model: ModelSpec, t: float, tp: int, p: Precision, wb: float) -> list[Operator]:
@@ -168,12 +194,13 @@ def model_operators(
 ) -> list[Operator]:
     """Operators outside the decoder layers: embedding lookup, final norm and lm_head for `sampled` rows."""
     p = precision
-    ab, wb = BYTES_PER_ELEMENT[p.activations], BYTES_PER_ELEMENT[p.weights]
+    ab, wb = BYTES_PER_ELEMENT[p.activations], BYTES_PER_ELEMENT[p.head or p.weights]
     h = model.hidden_size
+    head = _linear("lm_head", sampled, h, model.vocab_size / tp, p, wb)
     return [
         Operator("embedding", 0.0, 2 * tokens * h * ab, p.activations),
         Operator("final_norm", 4 * sampled * h, 2 * sampled * h * ab + h * ab, p.activations),
-        _linear("lm_head", sampled, h, model.vocab_size / tp, p, wb),
+        replace(head, kind="lm_head"),
     ]
 
 
@@ -188,10 +215,23 @@ def step_time(
 ) -> float:
     """Seconds for one forward step of a batch: every operator's roofline time under the device's step
     model, plus its per-step fixed cost. `cached` gives each prompt's tokens already in the KV cache."""
-    ops = layer_operators(model, prefill, decode, tp, precision, cached=cached)
-    layer = sum(op.time(device, tp) for op in ops)
+    step = device.step
+    ops = layer_operators(model, prefill, decode, tp, precision, cached=cached, view=step)
     sampled = len(prefill) + len(decode)
     tokens = sum(prefill) + len(decode)
+    passes = step.passes(tokens)
+    if len(passes) == 1:
+        layer = sum(op.time(device, tp) for op in ops)
+    else:
+        # Micro-batches: attention as one whole (its pairs do not depend on the split), the token-wise
+        # operators pass by pass at that pass's rows.
+        layer = sum(op.time(device, tp) for op in ops if op.name.startswith("attention"))
+        for rows in passes:
+            layer += sum(
+                op.time(device, tp)
+                for op in layer_operators(model, [rows], (), tp, precision)
+                if not op.name.startswith("attention")
+            )
     rest = sum(op.time(device, tp) for op in model_operators(model, tokens, sampled, tp, precision))
     overhead = device.step.step_overhead_s if sampled else 0.0
     return model.num_layers * layer + rest + overhead
@@ -219,8 +259,15 @@ class StepCost:
         self.model, self.device, self.tp, self.precision = model, device, tp, precision
         step = device.step
         layers = model.num_layers
-        tokens = np.arange(max_tokens + 1, dtype=float)
-        self._per_token = self._tabulate_linear(tokens) * layers + self._embedding(tokens)
+        tokens = np.arange(max(max_tokens, step.ubatch_tokens) + 1, dtype=float)
+        self._pass = self._tabulate_linear(tokens) * layers
+        linear = self._pass
+        if step.ubatch_tokens:
+            # Micro-batches: full passes of ubatch_tokens rows, then the rest.
+            u = step.ubatch_tokens
+            whole = np.arange(len(tokens))
+            linear = (whole // u) * linear[u] + linear[whole % u]
+        self._per_token = (linear + self._embedding(tokens))[: max_tokens + 1]
         seqs = np.arange(max_seqs + max_tokens + 1, dtype=float)
         self._lm_head = self._tabulate_lm_head(seqs)
         q_heads, kv_heads = model.num_heads / tp, _split(model.num_kv_heads, tp)
@@ -306,9 +353,32 @@ class StepCost:
         heads = self._lm_head[min(sampled, len(self._lm_head) - 1)]
         return float(self._embedding(np.array([float(tokens)]))[0] + heads)
 
-    def decode_times(self, decodes: int, contexts: np.ndarray) -> np.ndarray:
-        """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total."""
-        fixed = self._per_token[decodes] + self._lm_head[decodes] + self.overhead
+    def prompt_n2(self, n: int, cached: int = 0) -> float:
+        """A prompt chunk's share of `time`'s sum_n2: n^2 + 2nk, or twice its pairs under a padded KV view."""
+        step = self.device.step
+        return n * n + 2 * n * cached if not step.kv_pad else 2 * prompt_pairs(n, cached, step)
+
+    def passes_time(self, passes: Sequence[tuple[int, int]]) -> float:
+        """The token-wise operators (all layers, the embedding lookup, the LM head) of a step the engine runs
+        as micro-batches of its own choosing: (rows, rows sampled) per pass."""
+        t = 0.0
+        for rows, sampled in passes:
+            if rows < len(self._pass):
+                t += float(self._pass[rows])
+            else:
+                t += float((self._tabulate_linear(np.array([0.0, float(rows)])) * self.model.num_layers)[1])
+            t += float(self._lm_head[min(sampled, len(self._lm_head) - 1)])
+        return t + float(self._embedding(np.array([float(sum(rows for rows, _ in passes))]))[0])
+
+    def decode_times(
+        self, decodes: int, contexts: np.ndarray, passes: Sequence[tuple[int, int]] | None = None
+    ) -> np.ndarray:
+        """Step times of decode-only steps of `decodes` sequences holding `contexts` cached tokens in total
+        (`passes`: see `passes_time`; default the step model's micro-batches)."""
+        if passes is None:
+            fixed = self._per_token[decodes] + self._lm_head[decodes] + self.overhead
+        else:
+            fixed = self.passes_time(passes) + self.overhead
         return fixed + np.maximum(
             contexts * self._decode_flops_ctx,
             contexts * self._decode_bytes_ctx + decodes * self._decode_bytes_seq,
@@ -323,16 +393,23 @@ class StepCost:
         sum_n: float,
         sum_n2: float,
         cached: float = 0.0,
+        passes: Sequence[tuple[int, int]] | None = None,
     ) -> float:
         """Seconds for a step of `tokens` new tokens, `sampled` sequences sampled, `decodes` of them decoding
         with `decode_ctx` cached tokens in total, and prompt chunks with sum n and sum n^2 of their lengths
-        (n^2 + 2nk for a chunk after k cached tokens), reading `cached` tokens of KV in total."""
-        if tokens < len(self._per_token):
+        (n^2 + 2nk for a chunk after k cached tokens), reading `cached` tokens of KV in total. `passes` gives
+        (rows, rows sampled) of each micro-batch where the engine splits the step its own way (default: the step
+        model's `ubatch_tokens`); it then accounts for the LM head too, and `sampled` plays no part."""
+        if passes is not None:
+            t = self.passes_time(passes)
+        elif tokens < len(self._per_token):
             t = self._per_token[tokens] + self._lm_head[sampled]
         else:  # a prompt longer than the token budget runs alone; off the table, computed directly
-            many = np.array([0.0, float(tokens)])
-            t = (self._tabulate_linear(many) * self.model.num_layers + self._embedding(many))[1]
-            t += self._lm_head[sampled]
+            t = sum(
+                (self._tabulate_linear(np.array([0.0, float(rows)])) * self.model.num_layers)[1]
+                for rows in self.device.step.passes(tokens)
+            )
+            t += self._embedding(np.array([float(tokens)]))[0] + self._lm_head[sampled]
         if decodes:
             t += max(
                 decode_ctx * self._decode_flops_ctx,

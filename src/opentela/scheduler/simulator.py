@@ -44,6 +44,10 @@ class EngineLimits:
     """Tokens of prompt prefix the replica keeps for reuse (LRU over 16-token blocks); 0: no prefix cache."""
     prefix_hit_ratio: float = 0.0
     """Without prefix hashes in the trace: the share of every prompt found cached (whole blocks)."""
+    slot_runs: bool = False
+    """llama.cpp's server over a per-slot (non-unified) KV cache: a sequence holds one of `max_seqs` slots,
+    handed out least recently used first, and a step runs as one micro-batch per run of consecutive slots
+    (one token of each sequence of the run), each prompt's further tokens in micro-batches of their own."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -197,6 +201,8 @@ class _Replica:
         "preemptions",
         "prefilling",
         "running",
+        "slot_of",
+        "slots",
         "steps",
         "tokens_out",
         "version",
@@ -220,6 +226,8 @@ class _Replica:
         self.cache = PrefixCache(spec.limits.prefix_cache_tokens // BLOCK_TOKENS)
         self.hashes: Sequence[Sequence[str]] | None = None
         self.computed, self.cached = computed, cached
+        self.slots: deque[int] = deque(range(spec.limits.max_seqs))  # free slots, least recently used first
+        self.slot_of: dict[int, int] = {}
         self.kv = 0
         self.steps = 0
         self.preemptions = 0
@@ -269,7 +277,8 @@ class _Replica:
         if limit < 8:  # not worth the NumPy call
             return 0.0
         contexts = self.kv + decodes * np.arange(limit, dtype=float)
-        ends = np.cumsum(self.cost.decode_times(decodes, contexts) + self.limits.step_overhead_s)
+        passes = self._passes([(rid, 1, True) for rid in self.running]) if self.limits.slot_runs else None
+        ends = np.cumsum(self.cost.decode_times(decodes, contexts, passes) + self.limits.step_overhead_s)
         n = int(np.searchsorted(ends, budget_s, side="right"))
         if n == 0:
             return 0.0
@@ -297,6 +306,7 @@ class _Replica:
         # Every decoder needs one more KV slot: preempt the newest sequences until they fit.
         while running and self.kv + len(running) > self.capacity:
             rid, _ = running.popitem()
+            self._release(rid)
             gen = self.generated(rid)
             gen_done[rid] = gen
             self.kv -= int(inp[rid]) + gen
@@ -325,6 +335,8 @@ class _Replica:
             if self.hashes is not None and self.cache.capacity_blocks:
                 self.cache.match(self.hashes[rid])
             self.prefilling[rid] = h
+            if limits.slot_runs:
+                self.slot_of[rid] = self.slots.popleft()
             self.kv += n  # the whole prompt's KV is reserved at admission
             self.cached[rid] += h
             chunks.append((rid, c, h))
@@ -332,14 +344,19 @@ class _Replica:
             room -= n + 1
         if not decodes and not chunks:
             return 0.0
-        sum_n = sum_n2 = cached = 0
+        sum_n = cached = 0
+        sum_n2 = 0.0
         completing = 0
+        batch = [(rid, 1, True) for rid in running]
         for rid, c, k in chunks:
             self.computed[rid] += c
             sum_n += c
-            sum_n2 += c * c + 2 * c * k
+            sum_n2 += self.cost.prompt_n2(c, k)
             cached += k
-            completing += k + c >= int(inp[rid]) + int(gen_done[rid])
+            done = k + c >= int(inp[rid]) + int(gen_done[rid])
+            completing += done
+            batch.append((rid, c, done))
+        passes = self._passes(batch) if limits.slot_runs else None
         t = (
             self.cost.time(
                 decodes + sum_n,
@@ -349,11 +366,47 @@ class _Replica:
                 sum_n,
                 sum_n2,
                 cached,
+                passes,
             )
             + limits.step_overhead_s
         )
         self.busy_s += t
         return t
+
+    def _release(self, rid: int) -> None:
+        # A finished or preempted sequence gives its slot back, now the most recently used.
+        slot = self.slot_of.pop(rid, None)
+        if slot is not None:
+            self.slots.append(slot)
+
+    def _passes(self, batch: list[tuple[int, int, bool]]) -> list[tuple[int, int]]:
+        """Micro-batches (rows, rows sampled) of a step of (rid, new tokens, sampled) under llama.cpp's
+        sequential split: one token of every sequence of a run of consecutive slots together, the rest of each
+        prompt chunk alone in passes of at most the step model's micro-batch."""
+        ubatch = self.cost.device.step.ubatch_tokens or 1 << 30
+        ordered = sorted(batch, key=lambda item: self.slot_of[item[0]])
+        passes: list[tuple[int, int]] = []
+        tails: list[tuple[int, bool]] = []
+        run_rows = run_sampled = 0
+        last = -2
+        for rid, tokens, sampled in ordered:
+            slot = self.slot_of[rid]
+            if slot != last + 1 and run_rows:
+                passes.append((run_rows, run_sampled))
+                run_rows = run_sampled = 0
+            last = slot
+            run_rows += 1
+            run_sampled += sampled and tokens == 1
+            if tokens > 1:
+                tails.append((tokens - 1, sampled))
+        if run_rows:
+            passes.append((run_rows, run_sampled))
+        for rest, sampled in tails:
+            while rest > 0:
+                rows = min(rest, ubatch)
+                rest -= rows
+                passes.append((rows, int(sampled and rest == 0)))
+        return passes
 
     def _reserved(self, inp: np.ndarray, gen_done: np.ndarray) -> int:
         # KV reserved for prompts still being prefilled is not yet read by the decoders.
@@ -389,6 +442,7 @@ class _Replica:
             if gen >= out[rid]:
                 self.kv -= int(inp[rid]) + gen
                 end[rid] = now
+                self._release(rid)
                 continue
             self.running[rid] = None
             self.base[rid] = (k, gen)
@@ -401,6 +455,7 @@ class _Replica:
             if v != self.version.get(rid, 0) or rid not in self.running:
                 continue  # stale entry of a preempted sequence
             del self.running[rid]
+            self._release(rid)
             self.kv -= int(inp[rid]) + int(out[rid])
             end[rid] = now
 

@@ -10,7 +10,14 @@ import numpy as np
 
 from opentela.errors import ConfigError
 
-OPERATOR_CLASSES = ("matmul", "attention_prefill", "attention_decode", "elementwise", "communication")
+OPERATOR_CLASSES = (
+    "matmul",
+    "lm_head",
+    "attention_prefill",
+    "attention_decode",
+    "elementwise",
+    "communication",
+)
 """The classes `Operator.kind` takes; each gets its own efficiency (communication is timed on the link)."""
 
 FITTABLE = (
@@ -21,6 +28,7 @@ FITTABLE = (
     "attention_decode",
     "elementwise",
     "memory",
+    "head",
 )
 """The parameters a calibration may fit."""
 
@@ -49,16 +57,37 @@ class StepModel:
     """Share of peak reached by norms and the embedding lookup."""
     memory: float = 1.0
     """Share of the device's memory bandwidth every operator reaches."""
+    head: float | None = None
+    """Share of peak reached by the output projection (LM head); None: the other matrix products' rate."""
+    ubatch_tokens: int = 0
+    """Micro-batch of the engine (llama.cpp's n_ubatch): a step with more new tokens runs its matrix products
+    as consecutive passes of at most this many rows; 0: one pass."""
+    gemv_tie: float = 0.0
+    """A calibration's tie: where `gemv` is not fitted, it is set to this multiple of `gemm`; 0: no tie."""
+    kv_pad: int = 0
+    """Granularity of the KV view prompt attention runs over (llama.cpp pads it to 256 cells with flash
+    attention): every query of a micro-batch attends the whole padded view, masked cells included (decode's
+    one query per sequence skips them); 0: exactly the tokens it sees."""
     source: str = ""
     """Where the numbers come from (a calibration's points, a file)."""
 
     def __post_init__(self) -> None:
-        for name in ("gemm", "gemv", "attention_prefill", "attention_decode", "elementwise", "memory"):
+        for name in (
+            "gemm",
+            "gemv",
+            "attention_prefill",
+            "attention_decode",
+            "elementwise",
+            "memory",
+            "head",
+        ):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"step model: {name} must be positive, not {value}")
         if self.step_overhead_s < 0 or self.gemv_rows < 1:
             raise ConfigError("step model: step_overhead_s must be >= 0 and gemv_rows >= 1")
+        if min(self.ubatch_tokens, self.kv_pad, self.gemv_tie) < 0:
+            raise ConfigError("step model: ubatch_tokens, kv_pad and gemv_tie must be >= 0")
 
     @property
     def is_identity(self) -> bool:
@@ -69,6 +98,8 @@ class StepModel:
         """The compute efficiency of an operator class (ties resolved)."""
         if kind == "matmul":
             return self.gemm
+        if kind == "lm_head":
+            return self.head if self.head is not None else self.gemm
         if kind == "attention_decode":
             return self.attention_decode if self.attention_decode is not None else self.attention_prefill
         if kind == "attention_prefill":
@@ -85,7 +116,7 @@ class StepModel:
     def op_time(self, kind: str, flops: Any, nbytes: Any, rows: Any, peak: float, bandwidth: float) -> Any:
         """Roofline time of operators of class `kind` (scalars or NumPy arrays alike)."""
         t = np.maximum(flops / (peak * self.efficiency(kind)), nbytes / (bandwidth * self.memory))
-        if kind == "matmul" and self.gemv is not None:
+        if (kind == "matmul" or (kind == "lm_head" and self.head is None)) and self.gemv is not None:
             # A skinny product runs at the gemv rate; a wider one costs at least what gemv_rows rows would,
             # which keeps the time monotone in the rows across the class boundary.
             share = np.minimum(1.0, self.gemv_rows / np.maximum(rows, 1.0))
@@ -108,13 +139,26 @@ class StepModel:
             for key, value in raw.items():
                 if key == "source":
                     values[key] = str(value)
-                elif key == "gemv_rows":
+                elif key in ("gemv_rows", "ubatch_tokens", "kv_pad"):
                     values[key] = int(value)
                 else:
                     values[key] = None if value is None else float(value)
             return cls(**values)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: {exc}") from None
+
+    def kv_cells(self, tokens: Any) -> Any:
+        """Cells of the KV view a query attends when `tokens` are visible to it (scalars or arrays)."""
+        if not self.kv_pad:
+            return tokens
+        return np.ceil(np.asarray(tokens, dtype=float) / self.kv_pad) * self.kv_pad
+
+    def passes(self, tokens: int) -> list[int]:
+        """Rows of each pass a step of `tokens` new tokens runs its matrix products in."""
+        u = self.ubatch_tokens
+        if not u or tokens <= u:
+            return [tokens]
+        return [u] * (tokens // u) + ([tokens % u] if tokens % u else [])
 
     def with_values(self, values: Mapping[str, float]) -> StepModel:
         """A copy with the fitted parameters `values` set."""

@@ -57,12 +57,24 @@ def shared_prefixes(trace: Trace, groups: int) -> list[tuple[str, ...]]:
     st.sampled_from(["fcfs", "spf"]),
     st.sampled_from([0.0, 0.5, 0.9]),
     st.booleans(),
+    st.booleans(),
 )
 def test_every_prompt_token_is_computed_or_cached_once_and_every_output_token_decoded_once(
-    rows: list[tuple[float, int, int]], chunked: bool, budget: int, policy: str, ratio: float, hashed: bool
+    rows: list[tuple[float, int, int]],
+    chunked: bool,
+    budget: int,
+    policy: str,
+    ratio: float,
+    hashed: bool,
+    slot_runs: bool,
 ) -> None:
     trace = as_trace(rows)
-    limits = {"chunked_prefill": chunked, "max_batched_tokens": budget, "policy": policy}
+    limits = {
+        "chunked_prefill": chunked,
+        "max_batched_tokens": budget,
+        "policy": policy,
+        "slot_runs": slot_runs,
+    }
     cache = {"prefix_cache_tokens": 1 << 16, "prefix_hit_ratio": ratio} if ratio or hashed else {}
     result = simulate(
         [spec(**limits, **cache)], trace, prefixes=shared_prefixes(trace, 3) if hashed else None
