@@ -72,15 +72,7 @@ class StepModel:
     """Where the numbers come from (a calibration's points, a file)."""
 
     def __post_init__(self) -> None:
-        for name in (
-            "gemm",
-            "gemv",
-            "attention_prefill",
-            "attention_decode",
-            "elementwise",
-            "memory",
-            "head",
-        ):
+        for name in FITTABLE[1:]:  # every fittable parameter but the step overhead is an efficiency
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"step model: {name} must be positive, not {value}")
