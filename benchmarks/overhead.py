@@ -259,9 +259,10 @@ async def profile_mesh(
 ) -> dict:
     """Sample the mesh's processes with py-spy while `requests` requests go through them one at a time.
 
-    Two passes: collapsed stacks (for the table of where each request's time goes) and a flame graph (SVG) per
-    process. Only samples of threads doing work count (py-spy leaves out idle ones), so a function's samples
-    divided by the sampling rate and the request count is its CPU time per request."""
+    Two passes: collapsed stacks (for the table of where each request's time goes; the files are removed once
+    read) and a flame graph (SVG) per process. Only samples of threads doing work count (py-spy leaves out idle
+    ones), so a function's samples divided by the sampling rate and the request count is its CPU time per request
+    (time spent runnable but waiting for a core counts too: a busy machine inflates it)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         raise SystemExit("--profile needs py-spy: pip install py-spy (or the project's bench extra)")
@@ -295,6 +296,7 @@ async def profile_mesh(
             report["wall_ms_per_request"] = round(wall / requests * 1000, 3)
             for name in pids:
                 report["processes"][name] = collapsed_breakdown(out / f"{name}.txt", requests)
+                (out / f"{name}.txt").unlink()
     return report
 
 
@@ -379,8 +381,9 @@ async def run(args: argparse.Namespace) -> dict:
                     print(f"profiling {args.profile_requests} requests...", file=sys.stderr)
                     pids = {n: mesh.nodes[n].pid for n in ("ingress", "worker")}
                     live = {k: v for k, v in pids.items() if v}
+                    folder = Path(args.profile)
                     profile = await profile_mesh(
-                        http, via_mesh, live, args.profile_requests, Path(args.profile)
+                        http, via_mesh, live, args.profile_requests, folder, _link(args, folder)
                     )
             # LiteLLM is stopped by now: an overloaded proxy must not steal the cores the search measures.
             highest = None
@@ -722,6 +725,17 @@ def render_markdown(result: dict) -> str:
             "- TCP_NODELAY is not the cause: asyncio and uvloop set it on every TCP socket they accept or connect",
             "  (checked on both loops), and complete answers already travel as one frame with their head.",
         ]
+        if "node" in b:
+            lines += [
+                f"- The serving node's own work is {b['node']} ms (reading the tunnel request, choosing the engine,",
+                "  writing the request to it, encoding the answer's head); *engine*, which includes the node's hop to",
+                f"  the engine (the lean client, over a Unix socket), is {b['engine']} ms against {b['direct_total']}",
+                "  ms for the benchmark's own client calling the engine directly. What is left of *node+fabric*,",
+                f"  {b['fabric']} ms, is the two tunnel transits: the writes, TLS, and waking the process at the other",
+                "  end. The fabric's round trip between two processes that are already awake is about 0.2 ms",
+                "  (`benchmarks/fabric_rtt.py`); the difference is the wake-ups of processes that slept while the",
+                "  engine worked, which no user-space code removes.",
+            ]
     lines += [
         "",
         f"Bytes added on the wire: request {hb['request_bytes']} B, response {hb['response_bytes']} B ({hb['note']}).",

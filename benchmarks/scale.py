@@ -51,11 +51,18 @@ CONVERGENCE = ROOT / "docs" / "benchmarks" / "convergence.json"
 
 # --- one size -----------------------------------------------------------------------------------------------
 def run_size(
-    n: int, mode: str, sizes: WireSizes, link: LinkModel, idle_seconds: float, seed: int
+    n: int,
+    mode: str,
+    sizes: WireSizes,
+    link: LinkModel,
+    idle_seconds: float,
+    seed: int,
+    lazy_push: bool = True,
 ) -> dict[str, Any]:
     """Idle window, a join and an announcement on a warm mesh of n nodes."""
     t0, c0 = time.perf_counter(), time.process_time()
-    mesh = build(SimConfig(nodes=n, mode=mode, link=link, seed=seed), sizes)  # type: ignore[arg-type]
+    config = SimConfig(nodes=n, mode=mode, link=link, seed=seed, lazy_push=lazy_push)  # type: ignore[arg-type]
+    mesh = build(config, sizes)
     built = time.perf_counter() - t0
     quiet = idle(mesh, idle_seconds)
     # The announcement first, on a quiet mesh: right after a join, the joiner is still busy checking the N
@@ -86,19 +93,23 @@ def run_size(
 
 
 def run_churn(
-    n: int, mode: str, sizes: WireSizes, link: LinkModel, seconds: float, seed: int
+    n: int, mode: str, sizes: WireSizes, link: LinkModel, seconds: float, seed: int, lazy_push: bool = True
 ) -> dict[str, Any]:
     """Churn at 1 % of the nodes per minute."""
     t0 = time.perf_counter()
-    mesh = build(SimConfig(nodes=n, mode=mode, link=link, seed=seed), sizes)  # type: ignore[arg-type]
+    config = SimConfig(nodes=n, mode=mode, link=link, seed=seed, lazy_push=lazy_push)  # type: ignore[arg-type]
+    mesh = build(config, sizes)
     result = churn(mesh, seconds=seconds, rate=0.01)
     result["wall_s"] = round(time.perf_counter() - t0, 1)
     result["mode"], result["nodes"] = mode, n
     print(
         f"  churn {mode} N={n}: {result['replaced']} replaced, crash resolved p95"
         f" {result['crash_resolved']['p95_s']} s slowest {result['crash_resolved']['slowest_s']} s"
-        f" (bound {result['bound_s']} s), traffic max {result['traffic']['bytes_per_node_per_s']['max']} B/s"
-        f" ({result['wall_s']} s wall)",
+        f" (bound {result['bound_s']} s), routing slowest {result['crash_routing_resolved']['slowest_s']} s,"
+        f" traffic mean {result['traffic']['bytes_per_node_per_s']['mean']} max"
+        f" {result['traffic']['bytes_per_node_per_s']['max']} B/s (bootstrap max"
+        f" {result['traffic']['bootstrap_bytes_per_s']['max']}, others"
+        f" {result['traffic']['other_bytes_per_s']['max']}) ({result['wall_s']} s wall)",
         file=sys.stderr,
     )
     return result
@@ -693,6 +704,11 @@ def main() -> int:
     ap.add_argument("--no-wire-check", action="store_true")
     ap.add_argument("--quick", action="store_true", help="N up to 1,000, shorter windows (for tests)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--flood",
+        action="store_true",
+        help="partial views flood every record over every link (no lazy push), the behaviour before it",
+    )
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     ap.add_argument(
         "--render-only", action="store_true", help="rewrite scale.md and the plots from scale.json"
@@ -726,6 +742,7 @@ def main() -> int:
             "platform": platform.platform(),
         },
         "bootstraps": 3,
+        "lazy_push": not args.flood,
         "idle_seconds": args.idle_seconds,
         "wire": {
             "record_bytes": list(wire.record),
@@ -772,10 +789,12 @@ def main() -> int:
     for mode in modes:
         for n in sizes_n:
             print(f"{mode} N={n}...", file=sys.stderr)
-            result["runs"].append(run_size(n, mode, wire, link, args.idle_seconds, args.seed))
+            result["runs"].append(run_size(n, mode, wire, link, args.idle_seconds, args.seed, not args.flood))
     if args.churn_nodes:
         for mode in modes:
-            result["churn"].append(run_churn(args.churn_nodes, mode, wire, link, churn_seconds, args.seed))
+            result["churn"].append(
+                run_churn(args.churn_nodes, mode, wire, link, churn_seconds, args.seed, not args.flood)
+            )
     result["growth"] = growth(result["runs"])
     for r in result["runs"]:
         for key in ("join", "serve_model"):

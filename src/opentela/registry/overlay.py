@@ -77,6 +77,7 @@ class Overlay:
         self._outbox: dict[PeerId, list[ViewMessage]] = {}
         self._sending: set[PeerId] = set()
         self._up: list[PeerListener] = []
+        self._down: list[PeerListener] = []
         self._failed: list[PeerListener] = []
         self._usable: Callable[[PeerId], bool] = lambda peer: True
         self._tasks = TaskSet("overlay")
@@ -137,6 +138,10 @@ class Overlay:
         """Call `listener(peer)` when a peer enters the active view."""
         self._up.append(listener)
 
+    def on_neighbour_down(self, listener: PeerListener) -> None:
+        """Call `listener(peer)` when a peer leaves the active view (for whatever reason)."""
+        self._down.append(listener)
+
     def on_neighbour_failed(self, listener: PeerListener) -> None:
         """Call `listener(peer)` when an active peer's connection broke or a message to it failed."""
         self._failed.append(listener)
@@ -187,6 +192,8 @@ class Overlay:
         connections = getattr(self.host, "connections", None)
         if connections is not None:
             connections.unprotect(peer, PROTECT_TAG)
+        for listener in list(self._down):
+            listener(peer)
 
     def _peer_failed(self, peer: PeerId) -> None:
         was_active = self.view.is_active(peer)

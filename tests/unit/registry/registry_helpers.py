@@ -34,7 +34,7 @@ class Node:
         self.closed = False
 
     @classmethod
-    async def create(cls, config: RegistryConfig) -> Node:
+    async def create(cls, config: RegistryConfig, gossip_class: type[Gossip] = Gossip) -> Node:
         identity = Identity.generate()
         host = await Host.create(identity, "127.0.0.1:0")
         record = NodeRecord(
@@ -48,7 +48,7 @@ class Node:
         registry = Registry(identity, record, config=config)
         overlay = Overlay(host, registry, config=config) if config.active_view > 0 else None
         membership = Membership(host, registry, config=config, overlay=overlay)
-        gossip = Gossip(host, registry, membership, config=config, overlay=overlay)
+        gossip = gossip_class(host, registry, membership, config=config, overlay=overlay)
         await membership.start()
         await gossip.start()
         if overlay is not None:

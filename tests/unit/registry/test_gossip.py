@@ -8,9 +8,10 @@ import pytest
 from registry_helpers import Node, converged, swarm, until
 
 from opentela._types import PROTO_GOSSIP, Lifecycle
+from opentela.fabric.identity import Identity
 from opentela.fabric.messages import write_msg
 from opentela.registry._config import RegistryConfig
-from opentela.registry.record import ModelEntry
+from opentela.registry.record import ModelEntry, NodeRecord
 
 
 async def test_new_nodes_learn_the_whole_registry_on_connect() -> None:
@@ -112,3 +113,27 @@ async def test_a_joiner_pulls_the_registry_in_parts_from_its_neighbours_not_its_
             assert sum(served.values()) >= 2  # the parts came from more than one neighbour
         finally:
             await joiner.aclose()
+
+
+async def test_anti_entropy_of_a_large_registry_sends_only_the_classes_that_differ() -> None:
+    async with swarm(2, RegistryConfig(anti_entropy_interval=0.1, fanout=0)) as nodes:
+        await until(lambda: converged(nodes), timeout=10)
+        # Enough records (tombstones of sessions that came and went) that a differing round goes by classes.
+        extra = []
+        for _ in range(100):
+            identity = Identity.generate()
+            record = NodeRecord(
+                session_id=identity.peer_id[-12:],
+                peer_id=identity.peer_id,
+                provider_id="p",
+                lifecycle=Lifecycle.LEFT,
+                version=2,
+            )
+            extra.append(record.signed(identity))
+        for node in nodes:
+            assert len(node.registry.apply_remote(extra)) == 100
+        await until(lambda: nodes[0].registry.digest() == nodes[1].registry.digest())
+        rec = nodes[0].registry.update_local(lifecycle=Lifecycle.SERVING, models=(ModelEntry("m"),))
+        await until(lambda: nodes[1].registry.get(rec.session_id) == rec, timeout=5)
+        assert sum(n.gossip.stats()["rounds_by_shards"] for n in nodes) >= 1
+        assert nodes[1].registry.candidates("m") == [rec]

@@ -40,6 +40,13 @@ class SimConfig:
     fabric: FabricConfig = field(default_factory=FabricConfig, metadata={"help": "Fabric settings."})
     link: LinkModel = field(default=WAN, metadata={"help": "Latency, bandwidth and processing cost."})
     bootstraps: int = field(default=3, metadata={"help": "Bootstrap peers (nodes 0..k-1) joiners dial."})
+    lazy_push: bool = field(
+        default=True,
+        metadata={
+            "help": "Partial views: records go along a tree of eager links and ids over the others "
+            "(`registry/lazy_push.py`); False floods every record over every link, as before lazy push."
+        },
+    )
     serving: float = field(
         default=1.0,
         metadata={"help": "Share of warm-start nodes serving a model (SERVING); the rest are JOIN."},

@@ -61,6 +61,7 @@ class _Window:
         self.sent0 = list(net.sent)
         self.recv0 = list(net.recv)
         self.cat0 = list(net.by_category)
+        self.node_cat0 = {i: list(net.node_category[i]) for i in self.nodes}
         self.conn_sum = 0.0
         self.conn_samples = 0
         self.conn_max: dict[int, int] = {}
@@ -87,6 +88,18 @@ class _Window:
             name: round((net.by_category[k] - self.cat0[k]) * 2 / seconds / max(1, len(self.nodes)), 1)
             for k, name in enumerate(CATEGORIES)
         }
+        busiest = {}
+        for label, pool in (("max_node", list(rate)), ("max_other", [i for i in rate if i not in boots])):
+            if pool:
+                top = max(pool, key=lambda i: rate[i])
+                busiest[label] = {
+                    "node": top,
+                    "bytes_per_s": round(rate[top], 1),
+                    "by_category": {
+                        name: round((net.node_category[top][k] - self.node_cat0[top][k]) / seconds, 1)
+                        for k, name in enumerate(CATEGORIES)
+                    },
+                }
         conns = list(self.conn_max.values())
         boot_conns = [self.conn_max[i] for i in boots if i in self.conn_max]
         return {
@@ -97,6 +110,7 @@ class _Window:
             "other_bytes_per_s": per_node([r for i, r in rate.items() if i not in mesh.bootstraps]),
             "bootstrap_share": round(sum(rate[i] for i in boots) / total, 4) if total else 0.0,
             "by_category_per_node": per_cat,
+            **busiest,
             "connections": {
                 "mean": round(self.conn_sum / self.conn_samples, 1) if self.conn_samples else math.nan,
                 "max": max(conns) if conns else 0,

@@ -40,8 +40,9 @@ KEEPALIVE_PINGS = 2
 receive, and with keepalive_timeout below keepalive_interval both fire within a round trip of each other, so
 both ends ping (measured on loopback: 168 bytes per interval; a race either way on a slower link)."""
 
-CATEGORIES = ("probe", "push", "anti_entropy", "keepalive", "handshake", "overlay", "close")
-PROBE, PUSH, ANTI_ENTROPY, KEEPALIVE, HANDSHAKE, OVERLAY, CLOSE = range(len(CATEGORIES))
+CATEGORIES = ("probe", "push", "anti_entropy", "keepalive", "handshake", "overlay", "close", "lazy")
+PROBE, PUSH, ANTI_ENTROPY, KEEPALIVE, HANDSHAKE, OVERLAY, CLOSE, LAZY = range(len(CATEGORIES))
+"""LAZY: lazy push's ids, prunes and grafts (the records a graft brings included)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ class Network:
         self._nic_free: list[float] = []
         self._cpu_free: list[float] = []
         self.by_category = [0.0] * len(CATEGORIES)
+        self.node_category: list[list[float]] = []
+        """Bytes each node sent and received, by category (keepalive of implicit connections left out)."""
         self.on_connected: ConnectListener | None = None
         self.on_disconnected: ConnectListener | None = None
         self.dials = 0
@@ -135,6 +138,7 @@ class Network:
         lo, hi = self.model.latency
         self.sent.append(0.0)
         self.recv.append(0.0)
+        self.node_category.append([0.0] * len(CATEGORIES))
         self.alive.append(True)
         self.conns.append({})
         self.implicit.append(0)
@@ -166,8 +170,10 @@ class Network:
     def count(self, src: int, dst: int, nbytes: float, category: int) -> None:
         """Book `nbytes` sent by `src` and received by `dst` (when it is alive)."""
         self.sent[src] += nbytes
+        self.node_category[src][category] += nbytes
         if self.alive[dst]:
             self.recv[dst] += nbytes
+            self.node_category[dst][category] += nbytes
         self.by_category[category] += nbytes
 
     def _fluid(self, node: int, now: float) -> None:
@@ -188,6 +194,7 @@ class Network:
             for end in (conn.a, conn.b):
                 self.sent[end] += nbytes
                 self.recv[end] += nbytes
+                self.node_category[end][KEEPALIVE] += 2 * nbytes
             self.by_category[KEEPALIVE] += 2 * nbytes
 
     def settle(self) -> None:

@@ -129,6 +129,7 @@ class SimNode:
         """A record changed this replica: follow it in SWIM and the overlay, and push it on."""
         if session != self.session:
             self.overlay.record_changed(self, session, old, new)
+        self.gossip.applied(session, new)
         if self.mesh.origin != NO_FLOOD:
             self.gossip.changed(session, self.mesh.origin)
 

@@ -137,10 +137,14 @@ class ViewOverlay:
         now = mesh.loop.now
         for node in nodes:
             state = self.state(node)
+            lazy = node.gossip.lazy
             for peer_id in state.view.active:
                 net.warm_connection(node.index, mesh.node_index[peer_id])
                 state.ledger.opened(peer_id, now - self.fabric.conn_grace)
                 state.ledger.protect(peer_id, PROTECT_TAG)
+                if lazy is not None:  # nodes that ran together know each other understand ids
+                    lazy.neighbour_up(mesh.node_index[peer_id])
+                    lazy.learned(mesh.node_index[peer_id])
 
     # --- driving the view ---------------------------------------------------------------------------------
     def _apply(self, node: SimNode, step: Callable[..., list[Send]], *args: Any) -> None:
@@ -159,6 +163,7 @@ class ViewOverlay:
                 self._neighbour_up(node, self.mesh.node_index[peer_id])
             for peer_id in was - now:
                 state.ledger.unprotect(peer_id, PROTECT_TAG)
+                node.gossip.neighbour_down(self.mesh.node_index[peer_id])
         for peer_id, msg in sends:
             self._enqueue(node, self.mesh.node_index[peer_id], msg)
 

@@ -12,8 +12,11 @@ one TLS record per 16 KiB of it):
   probe      I: SYN+ping                  R: ack+FIN, RST(cancel)
   ping-req   as a probe, the helper's own probe of the target in between
   push       I: SYN+push+FIN, then RST(cancel) in the next pass         R: FIN (its handler ends first)
+  ids, prune as a push, the message carrying ids ("i") or the prune flag ("x") instead of records
+  graft      I: SYN+graft                 R: recs*, end+FIN, RST(cancel)
   sum        I: SYN+sum                   R: same+FIN, RST(cancel)     (equal digests: the idle case)
   exchange   I: SYN+sum   R: digest   I: want, recs*, end   R: recs*, end+FIN, RST(cancel)
+  by shards  I: SYN+sum   R: sums   I: shards   R: digest (of those classes), then as an exchange
   keepalive  PING then PING|ACK, each alone in a TLS record, on a connection silent for keepalive_interval
 
 `benchmarks/scale.py` checks these against the bytes real hosts write on loopback sockets.
@@ -103,6 +106,19 @@ class WireSizes:
     want_entry: int
     records_base: int
     """A `recs` or `push` message without its records (the array header counted separately)."""
+    have_base: int
+    """A push message carrying ids (lazy push), without its entries (the array header counted separately)."""
+    have_entry: int
+    """One id: [session, lifecycle, version]."""
+    prune: int
+    """encode_msg bytes of a prune (a push message with "x": 1)."""
+    graft_base: int
+    graft_entry: int
+    sums_base: int
+    """A "sums" message (class hashes) without its entries (the array header counted separately)."""
+    sums_entry: int
+    shards_base: int
+    """A "shards" message without its entries; each class index is 1 byte below 128, 2 below 256."""
     syn_probe: int
     syn_gossip: int
     syn_view: int
@@ -146,7 +162,10 @@ class WireSizes:
                 len(encode_msg({**base, "u": [update] * k} if k else base)) for k in range(MAX_UPDATES + 1)
             )
 
-        digest1 = len(encode_msg({"t": "digest", "d": {session: [1, 1]}}))
+        digest1 = len(encode_msg({"t": "digest", "d": {session: [1, 1]}, "l": 1}))
+        have1 = len(encode_msg({"t": "push", "i": [[session, 1, 2]]}))
+        graft1 = len(encode_msg({"t": "graft", "k": [session]}))
+        sums1 = len(encode_msg({"t": "sums", "k": 200, "h": [os.urandom(8)], "l": 1}))
         want1 = len(encode_msg({"t": "want", "k": [session]}))
         recs0 = len(encode_msg({"t": "recs", "r": []}))
         tls_overhead, dialer, listener = _tls_costs()
@@ -160,14 +179,22 @@ class WireSizes:
             ping_req=with_updates({"r": session, "w": peer}),
             not_that=len(encode_msg({"x": 1})),
             nack=len(encode_msg({"f": 1})),
-            gossip_sum=len(encode_msg({"t": "sum", "h": os.urandom(16)})),
-            gossip_same=len(encode_msg({"t": "same"})),
+            gossip_sum=len(encode_msg({"t": "sum", "h": os.urandom(16), "l": 1})),
+            gossip_same=len(encode_msg({"t": "same", "l": 1})),
             gossip_end=len(encode_msg({"t": "end"})),
             digest_base=digest1 - _packed({session: [1, 1]}),
             digest_entry=_packed(session) + _packed([1, 1]),
             want_base=want1 - _packed([session]),
             want_entry=_packed(session),
             records_base=recs0 - 1,
+            have_base=have1 - _packed([[session, 1, 2]]),
+            have_entry=_packed([session, 1, 2]),
+            prune=len(encode_msg({"t": "push", "x": 1})),
+            graft_base=graft1 - _packed([session]),
+            graft_entry=_packed(session),
+            sums_base=sums1 - _packed([os.urandom(8)]),
+            sums_entry=_packed(os.urandom(8)),
+            shards_base=len(encode_msg({"t": "shards", "s": []})) - 1,
             syn_probe=fr.HEADER_SIZE + len(fr.syn_prefix(PROTO_PROBE)),
             syn_gossip=fr.HEADER_SIZE + len(fr.syn_prefix(PROTO_GOSSIP)),
             syn_view=fr.HEADER_SIZE + len(fr.syn_prefix(PROTO_VIEW)),
@@ -193,11 +220,24 @@ class WireSizes:
         """(initiator, responder) bytes of one probe stream: a ping (or ping-req) and its answer."""
         return self.flight(self.syn_probe + ping), self.flight(fr.HEADER_SIZE + answer + self.rst_cancel)
 
-    def push(self, record_bytes: int, count: int, step: int) -> tuple[int, int]:
-        """(pusher, receiver) bytes of a push of `count` records of `record_bytes` in all (chunks of `step`)."""
+    def push(self, record_bytes: int, count: int, step: int, ids: int = 0) -> tuple[int, int]:
+        """(pusher, receiver) bytes of a push of `count` records of `record_bytes` in all (chunks of `step`),
+        and of `ids` ids of records not sent (lazy push: a message of its own after the records)."""
         body = self.records_message(record_bytes, count, step)
+        if ids:
+            body += self.framed(self.have_base + array_header(ids) + ids * self.have_entry)
         pusher = self.flight(self.syn_gossip - fr.HEADER_SIZE + body) + self.flight(self.rst_cancel)
         return pusher, self.flight(fr.HEADER_SIZE)
+
+    def prune_stream(self) -> tuple[int, int]:
+        """(pruner, receiver) bytes of a push stream carrying a prune."""
+        return self.flight(self.syn_gossip + self.prune) + self.flight(self.rst_cancel), self.flight(
+            fr.HEADER_SIZE
+        )
+
+    def graft(self, keys: int) -> int:
+        """Bytes of a graft request for `keys` records (the first flight of its stream)."""
+        return self.flight(self.syn_gossip + self.graft_base + array_header(keys) + keys * self.graft_entry)
 
     def records_message(self, record_bytes: int, count: int, step: int) -> int:
         """Framed `recs`/`push` messages carrying `count` records of `record_bytes` in all."""
@@ -218,6 +258,14 @@ class WireSizes:
     def digest(self, entries: int) -> int:
         """encode_msg bytes of a digest of `entries` sessions."""
         return self.digest_base + array_header(entries) + entries * self.digest_entry
+
+    def sums(self, classes: int) -> int:
+        """encode_msg bytes of a "sums" message of `classes` class hashes."""
+        return self.sums_base + array_header(classes) + classes * self.sums_entry
+
+    def shards(self, asked: list[int]) -> int:
+        """encode_msg bytes of a "shards" message asking for the given classes."""
+        return self.shards_base + array_header(len(asked)) + sum(1 if c < 128 else 2 for c in asked)
 
     def want(self, keys: int) -> int:
         """encode_msg bytes of a want list of `keys` sessions."""

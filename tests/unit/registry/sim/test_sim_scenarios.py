@@ -57,3 +57,25 @@ def test_churn_keeps_every_view_of_serving_replicas_correct(sizes: WireSizes, mo
     allowed = result["bound_s"] + config.probe_interval + 2.0
     assert result["crash_resolved"]["slowest_s"] <= allowed and result["worst_open_age_s"] <= allowed
     assert result["serve_resolved"]["slowest_s"] <= 2 * config.anti_entropy_interval + 1.0
+
+
+def test_lazy_push_sends_far_fewer_records_than_flooding_and_stays_correct(sizes: WireSizes) -> None:
+    results = {}
+    for lazy in (False, True):
+        config = SimConfig(nodes=60, mode="partial_view", link=WAN, seed=11, bootstraps=2, lazy_push=lazy)
+        mesh = build(config, sizes)
+        results[lazy] = churn(mesh, seconds=60.0, rate=0.1)
+        if lazy:
+            counters = [n.gossip.lazy.counters for n in mesh.nodes if n.gossip.lazy is not None]
+            assert (
+                sum(c["prunes_sent"] for c in counters) > 0 and sum(c["ids_received"] for c in counters) > 0
+            )
+    for result in results.values():
+        assert result["false_evictions"] == 0
+        assert result["crash_resolved"]["missing"] == 0 and result["serve_resolved"]["missing"] == 0
+    flood, tree = (r["traffic"]["by_category_per_node"] for r in (results[False], results[True]))
+    assert flood["lazy"] == 0
+    # SERVING records travel a tree and the other links carry their ids; JOIN, DOWN and LEFT records are still
+    # flooded (two thirds of the records of this churn), so the saving is on the remaining third.
+    assert tree["push"] + tree["lazy"] < 0.9 * flood["push"]
+    assert results[True]["serve_resolved"]["slowest_s"] <= 5.0

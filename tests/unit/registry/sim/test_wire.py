@@ -36,7 +36,7 @@ def test_probe_messages_match_hand_computed_sizes(sizes: WireSizes) -> None:
 def test_digest_want_and_records_match_msgpack(sizes: WireSizes) -> None:
     sessions = [uuid.uuid4().hex for _ in range(300)]
     for n in (0, 1, 15, 16, 300):
-        digest = {"t": "digest", "d": {s: [1, 3] for s in sessions[:n]}}
+        digest = {"t": "digest", "d": {s: [1, 3] for s in sessions[:n]}, "l": 1}
         assert sizes.digest(n) == len(encode_msg(digest))
         assert sizes.want(n) == len(encode_msg({"t": "want", "k": sessions[:n]}))
     record = {"x": "y" * 1500}
@@ -45,6 +45,23 @@ def test_digest_want_and_records_match_msgpack(sizes: WireSizes) -> None:
         chunks = [list(range(i, min(count, i + 256))) for i in range(0, count, 256)]
         real = sum(len(encode_msg({"t": "recs", "r": [record] * len(c)})) + 12 for c in chunks)
         assert sizes.records_message(one * count, count, 256) == real
+
+
+def test_lazy_push_and_shard_messages_match_msgpack(sizes: WireSizes) -> None:
+    sessions = [uuid.uuid4().hex for _ in range(40)]
+    for n in (1, 15, 16, 40):
+        ids = [[s, 1, 7] for s in sessions[:n]]
+        body = sizes.framed(len(encode_msg({"t": "push", "i": ids})))
+        assert sizes.push(0, 0, 256, ids=n)[0] == sizes.push(0, 0, 256)[0] + body - 12 + 12
+        assert sizes.graft(n) == sizes.flight(
+            sizes.syn_gossip + len(encode_msg({"t": "graft", "k": sessions[:n]}))
+        )
+    assert sizes.prune == len(encode_msg({"t": "push", "x": 1}))
+    for classes in (4, 62, 200):
+        hashes = [bytes(8)] * classes
+        assert sizes.sums(classes) == len(encode_msg({"t": "sums", "k": 200, "h": hashes, "l": 1}))
+        asked = list(range(0, classes, 3))
+        assert sizes.shards(asked) == len(encode_msg({"t": "shards", "s": asked}))
 
 
 def test_overlay_messages_match_msgpack(sizes: WireSizes) -> None:
