@@ -437,10 +437,13 @@ class Membership:
                 logger.info("our event loop stalled %.1f s: taking the eviction of our session", stall)
                 return True
             # The mesh merged it: enough peers (signers, or replicas that hold it LEFT) of those we know, so
-            # that one member alone, signing and confirming, is never enough where there is anyone else.
+            # that one member alone, signing and confirming, is never enough where there is anyone else. The
+            # peers we are connected to count even before their records reach us: a joiner in its first sync
+            # knows few records, and must not take one member's word because of that.
             signers = self.evidence.signers(record.session_id) | {record.signer}
             support = signers | self._confirmed.get(record.session_id, set())
-            peers = set(self._live_sessions().values()) - {self.host.peer_id} | signers
+            known = set(self._live_sessions().values()) | set(self.host.connected_peers())
+            peers = known - {self.host.peer_id} | signers
             return len(support) >= min(self.config.eviction_quorum, len(peers))
         member = self.swim.members.get(record.session_id)
         if member is not None and member.status is Status.SUSPECT and member.witnessed:

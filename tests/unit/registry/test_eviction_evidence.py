@@ -8,6 +8,7 @@ import dataclasses
 from registry_helpers import converged, swarm, until
 
 from opentela._types import Lifecycle
+from opentela.fabric.host import Host
 from opentela.fabric.identity import Identity
 from opentela.registry._config import RegistryConfig
 from opentela.registry.evictions import EvictionEvidence, Outcome
@@ -111,3 +112,24 @@ async def test_an_eviction_of_a_dead_node_still_merges_everywhere() -> None:
         survivors = nodes[:3]
         await until(lambda: all(n.registry.get(session).lifecycle is Lifecycle.LEFT for n in survivors), 10)
         assert len({n.registry.get(session).signature for n in survivors}) >= 1
+
+
+async def test_a_node_that_knows_few_records_still_holds_one_members_eviction_of_itself() -> None:
+    # A joiner in its first sync holds few records; the peers it is connected to count towards the quorum
+    # for its own eviction all the same, or one member could evict any node in its first second.
+    config = dataclasses.replace(FAST, suspicion_timeout=30.0, active_view=0)
+    async with swarm(2, config) as (victim, evictor):
+        await until(lambda: converged([victim, evictor]))
+        bystander = await Host.create(Identity.generate(), "127.0.0.1:0")
+        try:
+            await bystander.connect(victim.host.listen_addrs[0])
+            await until(lambda: bystander.peer_id in victim.host.connected_peers())
+            session = victim.registry.session_id
+            assert evictor.registry.evict(session, "forged") is not None
+            await until(lambda: victim.membership.stats()["evictions_unconfirmed"] >= 1)
+            await asyncio.sleep(0.5)
+            assert victim.registry.session_id == session
+            assert victim.registry.local.lifecycle is not Lifecycle.LEFT
+            assert victim.registry.counters["evicted"] == 0
+        finally:
+            await bystander.aclose()
