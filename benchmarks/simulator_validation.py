@@ -210,6 +210,7 @@ def measure_prefix_hits(port: int, repeats: int) -> list[dict]:
     for cached, new in PREFIX_CHECKS:
         best = float("inf")
         reused = 0
+        times: list[float] = []
         for r in range(repeats):
             prefix = prompt_tokens(port, cached, 70_000 + cached + r)
             erase_slots(port)
@@ -220,9 +221,12 @@ def measure_prefix_hits(port: int, repeats: int) -> list[dict]:
             )
             timings = t["timings"]
             best = min(best, timings["prompt_ms"])
+            times.append(timings["prompt_ms"])
             reused = tokenize(port, prefix + " " + tail) - int(timings["prompt_n"])
             new_tokens = int(timings["prompt_n"])
-        rows.append({"cached": reused, "new": new_tokens, "best_ms": best})
+        rows.append(
+            {"cached": reused, "new": new_tokens, "best_ms": best, "median_ms": float(np.median(times))}
+        )
     return rows
 
 
@@ -330,11 +334,14 @@ def simulate_mixed(trace: Trace, device: Device) -> dict:
     return out
 
 
-def as_points(prefill: list[dict], decode: list[dict], hits: list[dict]) -> list[StepPoint]:
-    """The measured rows as step points (seconds from the least-disturbed measurement)."""
-    points = [StepPoint(r["best_ms"] / 1000, prefill=(r["prompt_tokens"],)) for r in prefill]
-    points += [StepPoint(r["best_ms"] / 1000, decode=(r["context"],) * r["batch"]) for r in decode]
-    points += [StepPoint(r["best_ms"] / 1000, prefill=(r["new"],), cached=(r["cached"],)) for r in hits]
+def as_points(
+    prefill: list[dict], decode: list[dict], hits: list[dict], statistic: str = "best_ms"
+) -> list[StepPoint]:
+    """The measured rows as step points, in seconds of `statistic` (the least-disturbed measurement, or the
+    median)."""
+    points = [StepPoint(r[statistic] / 1000, prefill=(r["prompt_tokens"],)) for r in prefill]
+    points += [StepPoint(r[statistic] / 1000, decode=(r["context"],) * r["batch"]) for r in decode]
+    points += [StepPoint(r[statistic] / 1000, prefill=(r["new"],), cached=(r["cached"],)) for r in hits]
     return points
 
 
@@ -403,6 +410,7 @@ def measure(repeats: int, quick: bool, threads: int = THREADS) -> dict:
         "measured_copy_bandwidth_gbs": bandwidth,
         "copy_bandwidth_before_after_gbs": [bandwidth_before, bandwidth_after],
         "points": [p.to_dict() for p in as_points(prefill, decode, hits)],
+        "points_median": [p.to_dict() for p in as_points(prefill, decode, hits, "median_ms")],
         "mixed": {"requests": requests, "rate_rps": rate, "seed": MIXED_SEED, "measured": mixed},
         "repeats": repeats,
         "quick": quick,
@@ -412,11 +420,16 @@ def measure(repeats: int, quick: bool, threads: int = THREADS) -> dict:
     }
 
 
-def analyse(raw: dict) -> dict:
-    """Fit on the calibration points, predict every other point and the mixed run: the report's document."""
+def analyse(raw: dict, statistic: str = "best") -> dict:
+    """Fit on the calibration points, predict every other point and the mixed run: the report's document.
+
+    `statistic` "best" takes the least-disturbed measurements, "median" the medians (where the run recorded
+    them), for calibration and comparison alike."""
     bandwidth = raw["measured_copy_bandwidth_gbs"]
     device_raw = host_cpu_device(threads=raw.get("threads", THREADS), memory_bandwidth_gbs=bandwidth)
-    points = [StepPoint.from_dict(p) for p in raw["points"]]
+    if statistic == "median" and "points_median" not in raw:
+        raise SystemExit("this result recorded no medians: measure again, or analyse with --statistic best")
+    points = [StepPoint.from_dict(p) for p in raw["points_median" if statistic == "median" else "points"]]
     device, chosen, rows = compare(points, device_raw)
     free, _ = recipe("cpu", "embedded")
     summary = error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
@@ -442,6 +455,7 @@ def analyse(raw: dict) -> dict:
     }
     return {
         **raw,
+        "statistic": statistic,
         "device": {
             "source": device_raw.source,
             "cores": device_raw.cores,
@@ -694,8 +708,14 @@ def markdown(doc: dict) -> str:
         "### Caveats",
         "",
         f"- The machine has {cores} cores and is shared: load average {before[0]:.1f} before and "
-        f"{after[0]:.1f} after the run. We compare against the least-disturbed measurements: the best of "
-        f"{doc['repeats']} runs for a prompt, the 10th percentile of the gaps between streamed tokens for decoding.",
+        f"{after[0]:.1f} after the run. "
+        + (
+            f"We compare against the medians: of {doc['repeats']} runs for a prompt, of the gaps between streamed "
+            "tokens for decoding (`--statistic median`)."
+            if doc.get("statistic") == "median"
+            else f"We compare against the least-disturbed measurements: the best of {doc['repeats']} runs for a "
+            "prompt, the 10th percentile of the gaps between streamed tokens for decoding."
+        ),
         "- A 135M model is an extreme case for the roofline: its matrices are 576 wide, so kernel choice (vector "
         "or tiled), thread synchronisation and sampling weigh far more than on a GPU.",
         *sensitivity(mixed),
@@ -736,14 +756,23 @@ def main() -> None:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "docs" / "benchmarks", help="where the report goes"
     )
+    parser.add_argument(
+        "--statistic",
+        choices=("best", "median"),
+        default="best",
+        help="which measurement of each point to calibrate on and compare with: the least-disturbed (best) or "
+        "the median",
+    )
     args = parser.parse_args()
     out = args.out
     if args.reanalyse:
         raw = json.loads(Path(args.reanalyse).read_text())
-        raw["points"] = [
-            {k: v for k, v in p.items() if k in ("seconds", "prefill", "decode", "cached")}
-            for p in raw["points"]
-        ]
+        for key in ("points", "points_median"):
+            if key in raw:
+                raw[key] = [
+                    {k: v for k, v in p.items() if k in ("seconds", "prefill", "decode", "cached")}
+                    for p in raw[key]
+                ]
         raw["mixed"] = {
             "seed": MIXED_SEED,
             **{k: raw["mixed"][k] for k in ("requests", "rate_rps", "measured")},
@@ -752,6 +781,7 @@ def main() -> None:
             "engine",
             "threads",
             "points",
+            "points_median",
             "mixed",
             "repeats",
             "quick",
@@ -764,9 +794,9 @@ def main() -> None:
         pair = raw.get("copy_bandwidth_before_after_gbs")
         bandwidth = max(pair) if pair else raw.get("device", raw)["measured_copy_bandwidth_gbs"]
         raw = {k: raw[k] for k in keep if k in raw} | {"measured_copy_bandwidth_gbs": bandwidth}
-        doc = analyse(raw)
+        doc = analyse(raw, args.statistic)
     else:
-        doc = analyse(measure(args.repeats, args.quick, args.threads))
+        doc = analyse(measure(args.repeats, args.quick, args.threads), args.statistic)
     gpu = ROOT / "docs" / "benchmarks" / "gpu_validation.json"
     if gpu.exists():
         doc["gpu"] = json.loads(gpu.read_text())
