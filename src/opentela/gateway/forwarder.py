@@ -234,7 +234,7 @@ class Forwarder:
             self._end(attempt, call.routed, ok=False, err=call.error)
         call.status = str(attempt.head.status)
         call.sent = len(content)
-        self.metrics.ttfb.labels(call.model, attempt.target.peer_id).observe(
+        self.metrics.series(call.model, attempt.target.peer_id).ttfb.observe(
             time.perf_counter() - call.arrived
         )
         return content
@@ -250,7 +250,7 @@ class Forwarder:
         """
         attempt = call.attempt
         assert attempt is not None and attempt.stream is not None and attempt.head is not None
-        self.metrics.ttfb.labels(call.model, attempt.target.peer_id).observe(
+        self.metrics.series(call.model, attempt.target.peer_id).ttfb.observe(
             time.perf_counter() - call.arrived
         )
         splice, chunk = call.splice, first
@@ -392,14 +392,19 @@ class Forwarder:
         elif isinstance(exc, asyncio.CancelledError):
             call.status = "cancelled"
         attempt, model, node = call.attempt, call.model, call.node
+        latency = self.metrics.latency
         if attempt is not None:
             self._end(attempt, call.routed, ok=False, reset="request abandoned")
-            self.metrics.bytes_in.labels(model, node).inc(call.routed.body_bytes)
-            self.metrics.bytes_out.labels(model, node).inc(call.sent)
+            series = self.metrics.series(model, node)
+            series.bytes_in.inc(call.routed.body_bytes)
+            series.bytes_out.inc(call.sent)
+            latency = series.latency
+        else:  # never reached a replica: no series of a pair to keep
+            latency = latency.labels(model, node)
         if call.error is not None:
             self.metrics.errors.labels(model, node, call.error.code).inc()
-        self.metrics.requests.labels(model, node, call.status).inc()
-        self.metrics.latency.labels(model, node).observe(time.perf_counter() - call.arrived)
+        self.metrics.finished(model, node, call.status).inc()
+        latency.observe(time.perf_counter() - call.arrived)
 
     # --- attempts -------------------------------------------------------------------------------------------
     def can_retry(
@@ -481,7 +486,7 @@ class Forwarder:
 
     def _begin(self, target: NodeRecord, routed: RoutedRequest, number: int) -> Attempt:
         self.router.started(target, routed)
-        self.metrics.in_flight.labels(routed.model, target.peer_id).inc()
+        self.metrics.series(routed.model, target.peer_id).in_flight.inc()
         return Attempt(target, number, time.perf_counter())
 
     async def _request_head(
@@ -533,7 +538,7 @@ class Forwarder:
         if reset is not None and attempt.stream is not None:
             attempt.stream.reset(RESET_CANCELLED, reset)  # the node stops, if it is alive
         self.router.ended(target, routed, ok=ok, latency_s=time.perf_counter() - attempt.started)
-        self.metrics.in_flight.labels(routed.model, target.peer_id).dec()
+        self.metrics.series(routed.model, target.peer_id).in_flight.dec()
         if ok:
             self.router.health.succeeded(target.session_id)
             return

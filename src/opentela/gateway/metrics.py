@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (
@@ -9,6 +12,18 @@ _LATENCY_BUCKETS = (
 )  # fmt: skip
 NO_NODE = "-"
 """The node label of a request that never reached a replica (bad input, no eligible replica)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSeries:
+    """The per-request series of one (model, node) pair, looked up once: `labels()` validates and locks on
+    every call, and a request touches five of them."""
+
+    in_flight: Any
+    ttfb: Any
+    latency: Any
+    bytes_in: Any
+    bytes_out: Any
 
 
 class GatewayMetrics:
@@ -71,6 +86,30 @@ class GatewayMetrics:
         self.bytes_out = Counter(
             "otela_response_bytes", "Response body bytes sent to clients.", ["model", "node"], registry=r
         )  # fmt: skip
+
+        self._series: dict[tuple[str, str], ReplicaSeries] = {}
+        self._finished: dict[tuple[str, str, str], Any] = {}
+
+    def series(self, model: str, node: str) -> ReplicaSeries:
+        """The (model, node) pair's per-request series; as many pairs as the label sets already hold."""
+        found = self._series.get((model, node))
+        if found is None:
+            found = self._series[(model, node)] = ReplicaSeries(
+                self.in_flight.labels(model, node),
+                self.ttfb.labels(model, node),
+                self.latency.labels(model, node),
+                self.bytes_in.labels(model, node),
+                self.bytes_out.labels(model, node),
+            )
+        return found
+
+    def finished(self, model: str, node: str, status: str) -> Any:
+        """The requests counter of (model, node, status)."""
+        key = (model, node, status)
+        found = self._finished.get(key)
+        if found is None:
+            found = self._finished[key] = self.requests.labels(model, node, status)
+        return found
 
     def render(self) -> bytes:
         """The text exposition format."""
