@@ -392,15 +392,14 @@ class Forwarder:
         elif isinstance(exc, asyncio.CancelledError):
             call.status = "cancelled"
         attempt, model, node = call.attempt, call.model, call.node
-        latency = self.metrics.latency
         if attempt is not None:
             self._end(attempt, call.routed, ok=False, reset="request abandoned")
             series = self.metrics.series(model, node)
             series.bytes_in.inc(call.routed.body_bytes)
             series.bytes_out.inc(call.sent)
             latency = series.latency
-        else:  # never reached a replica: no series of a pair to keep
-            latency = latency.labels(model, node)
+        else:  # never reached a replica: no pair's series to keep for it
+            latency = self.metrics.latency.labels(model, node)
         if call.error is not None:
             self.metrics.errors.labels(model, node, call.error.code).inc()
         self.metrics.finished(model, node, call.status).inc()

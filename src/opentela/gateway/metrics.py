@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -19,11 +18,11 @@ class ReplicaSeries:
     """The per-request series of one (model, node) pair, looked up once: `labels()` validates and locks on
     every call, and a request touches five of them."""
 
-    in_flight: Any
-    ttfb: Any
-    latency: Any
-    bytes_in: Any
-    bytes_out: Any
+    in_flight: Gauge
+    ttfb: Histogram
+    latency: Histogram
+    bytes_in: Counter
+    bytes_out: Counter
 
 
 class GatewayMetrics:
@@ -88,7 +87,7 @@ class GatewayMetrics:
         )  # fmt: skip
 
         self._series: dict[tuple[str, str], ReplicaSeries] = {}
-        self._finished: dict[tuple[str, str, str], Any] = {}
+        self._finished: dict[tuple[str, str, str], Counter] = {}
 
     def series(self, model: str, node: str) -> ReplicaSeries:
         """The (model, node) pair's per-request series; as many pairs as the label sets already hold."""
@@ -103,7 +102,7 @@ class GatewayMetrics:
             )
         return found
 
-    def finished(self, model: str, node: str, status: str) -> Any:
+    def finished(self, model: str, node: str, status: str) -> Counter:
         """The requests counter of (model, node, status)."""
         key = (model, node, status)
         found = self._finished.get(key)
