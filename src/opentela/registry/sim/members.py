@@ -155,7 +155,9 @@ class TrackedSwim(SwimState):
 
     def _narrowed(self) -> dict[SessionId, Member]:
         members = self.members
-        live = [s for s in self.suspects if s in members]
+        # Sorted: a set of strings iterates in an order that changes with PYTHONHASHSEED, and a run must be a
+        # pure function of its seed.
+        live = sorted(s for s in self.suspects if s in members)
         self.suspects.intersection_update(live)
         return {s: members[s] for s in live}
 

@@ -125,7 +125,7 @@ class SimMembership:
         return bool(statuses) and all(statuses)
 
     # --- the protocol period --------------------------------------------------------------------------------
-    def watched(self) -> set[SessionId] | None:
+    def watched(self) -> dict[SessionId, None] | None:
         """The sessions this node probes: its neighbours' and those of peers it marked unreachable (None in a
         full mesh: every member)."""
         neighbours = self.node.overlay.neighbours(self.node)
@@ -134,7 +134,9 @@ class SimMembership:
         members = self.swim.members
         node_sessions = self.mesh.node_sessions
         peers = (*neighbours, *self.unreachable) if self.unreachable else neighbours
-        return {s for peer in peers for s in node_sessions[peer] if s in members}
+        # An insertion-ordered dict, not a set: the round robin is drawn from its order, which must not depend on
+        # PYTHONHASHSEED.
+        return dict.fromkeys(s for peer in peers for s in node_sessions[peer] if s in members)
 
     def _period(self) -> None:
         node = self.node
