@@ -222,6 +222,10 @@ class Membership:
         held = set(self.evidence.sessions())
         for session in [s for s in self._confirmed if s not in held]:
             del self._confirmed[session]
+        return self.evict_due()
+
+    def evict_due(self) -> list[NodeRecord]:
+        """Evict the sessions we saw failing whose grace is over; returns the evictions written."""
         written = []
         now = self.clock()
         for member in self.swim.due_evictions(now):
@@ -315,6 +319,15 @@ class Membership:
         elif not self._stalled_since(started):
             self._record_silence(member)
 
+    async def _evict_when_due(self, member: Member) -> None:
+        # The eviction is written when the grace ends, not at the next protocol period after it (up to
+        # probe_interval later): the LEFT record is what tells nodes that never probed the session.
+        if member.suspected_at is None:
+            return
+        await asyncio.sleep(max(0.0, member.suspected_at + self.swim.suspicion_timeout - self.clock()))
+        if not self._closed and self.swim.is_suspected(member.session):
+            self.evict_due()
+
     def _record_silence(self, member: Member) -> None:
         self._silent[member.session] = self.clock()
 
@@ -335,7 +348,10 @@ class Membership:
             if answer is None or answer == NOT_THAT_SESSION:
                 self.counters["probes_failed"] += 1
                 self._record_silence(member)
+                first_hand = not member.witnessed or member.status is not Status.SUSPECT
                 self.swim.probe_failed(member.session, now)
+                if first_hand:
+                    self._spawn(self._evict_when_due(member), "swim-eviction-due")
                 return False
             self._silent.pop(member.session, None)
             self.swim.acked(member.session, answer, now)

@@ -106,7 +106,8 @@ class SwimState:
         self.retransmit_mult = retransmit_mult
         self.members: dict[SessionId, Member] = {}
         self._rng = rng or random.Random()
-        self._order: list[SessionId] = []
+        self._order: list[SessionId] = []  # the rest of this round robin, popped from the end
+        self._in_round: set[SessionId] = set()  # every session this round holds or held
         self._news: dict[SessionId, tuple[Update, int]] = {}  # update, transmissions left
         self._listeners: list[ChangeListener] = []
         self.refutations = 0
@@ -129,7 +130,18 @@ class SwimState:
             self.remove(session)
         for session, peer in live.items():
             if session != self.session and session not in self.members:
-                self.members[session] = Member(session, peer)
+                self.add(session, peer)
+
+    def add(self, session: SessionId, peer: PeerId) -> Member:
+        """A new member; it joins the running round robin at a random place rather than waiting for the next."""
+        # SWIM (Das et al., section 4.3) inserts a newcomer at a uniformly random position of the current round:
+        # appended to the next round, a node that joined early in a full mesh's N-period round could crash and
+        # stay unprobed for up to N periods, far beyond the detection bound.
+        member = self.members[session] = Member(session, peer)
+        if self._order:
+            self._order.insert(self._rng.randrange(len(self._order) + 1), session)
+            self._in_round.add(session)
+        return member
 
     def remove(self, session: SessionId) -> None:
         """Forget a session (it left, went down or was evicted)."""
@@ -141,10 +153,17 @@ class SwimState:
 
         With `among` (the sessions of our partial view's neighbours), only those members are probed.
         """
+        if among is not None and self._order:
+            # A session that entered `among` during the round (a new neighbour) joins it as a newcomer would.
+            for session in among:
+                if session not in self._in_round and session in self.members:
+                    self._order.insert(self._rng.randrange(len(self._order) + 1), session)
+                    self._in_round.add(session)
         while True:
             if not self._order:
                 self._order = [s for s in self.members if among is None or s in among]
                 self._rng.shuffle(self._order)
+                self._in_round = set(self._order) if among is not None else set()
                 if not self._order:
                     return None
             session = self._order.pop()

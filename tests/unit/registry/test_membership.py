@@ -52,6 +52,23 @@ async def test_a_dead_node_is_suspected_then_evicted_and_everyone_agrees() -> No
         await until(lambda: all(session not in n.membership.swim.members for n in survivors))
 
 
+async def test_the_witness_evicts_when_the_grace_ends_not_at_its_next_protocol_period() -> None:
+    # No protocol period runs within this test (30 s apart): the eviction can only come from the grace's end.
+    config = dataclasses.replace(FAST, probe_interval=30.0, suspicion_timeout=1.0)
+    async with swarm(3, config) as nodes:
+        await until(lambda: converged(nodes))
+        witness, _, victim = nodes
+        for node in nodes:
+            node.membership.tick()  # the members follow the registry (a period's first step)
+        session = victim.registry.session_id
+        member = witness.membership.swim.members[session]
+        await victim.aclose()
+        assert not await witness.membership.probe(member)
+        assert witness.membership.swim.is_suspected(session)
+        await until(lambda: record_at(witness, session).lifecycle is Lifecycle.LEFT, timeout=5)
+        assert witness.membership.stats()["evictions"] == 1
+
+
 async def test_a_slow_node_refutes_and_keeps_its_session() -> None:
     config = dataclasses.replace(FAST, suspicion_timeout=30.0)
     async with swarm(4, config) as nodes:

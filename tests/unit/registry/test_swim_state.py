@@ -33,6 +33,33 @@ def test_round_robin_probes_everyone_once_per_round() -> None:
     assert state(members={}).next_target() is None
 
 
+def test_a_member_that_joins_mid_round_is_probed_in_that_round_at_a_random_place() -> None:
+    # Appended to the next round instead, a newcomer of a 40-member mesh could go 40 periods unprobed.
+    places = []
+    for seed in range(200):
+        members = {f"m{i}": f"peer-{i}" for i in range(40)}
+        swim = SwimState("me", suspicion_timeout=TIMEOUT, rng=random.Random(seed))
+        swim.sync(members)
+        first = [swim.next_target() for _ in range(10)]
+        swim.sync({**members, "new": "peer-new"})
+        rest = [swim.next_target() for _ in range(31)]
+        picked = [m.session for m in first + rest if m is not None]
+        assert sorted(picked) == sorted([*members, "new"])  # everyone once, the newcomer included
+        places.append(picked.index("new") - 10)
+    # Uniform over the 31 places left in the round, not always last.
+    assert min(places) == 0 and max(places) == 30 and 10 < sum(places) / len(places) < 20
+
+
+def test_a_session_that_enters_the_probed_set_mid_round_joins_that_round() -> None:
+    swim = state(members={f"m{i}": f"peer-{i}" for i in range(6)})
+    among = {"m0", "m1", "m2", "m3"}
+    first = [swim.next_target(among) for _ in range(2)]
+    among |= {"m5"}  # a new neighbour
+    rest = [swim.next_target(among) for _ in range(3)]
+    picked = [m.session for m in first + rest if m is not None]
+    assert sorted(picked) == ["m0", "m1", "m2", "m3", "m5"]
+
+
 def test_helpers_are_other_unsuspected_nodes() -> None:
     swim = state(members={"a": "p1", "a2": "p1", "b": "p2", "c": "p3", "d": "p4"})
     swim.probe_failed("d", now=0.0)

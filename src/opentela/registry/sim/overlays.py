@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from opentela.registry.sim.replica import is_live
-from opentela.registry.swim import Member
 
 if TYPE_CHECKING:
     from opentela.registry.sim.mesh import Mesh
@@ -151,7 +150,7 @@ def follow_members(mesh: Mesh, node: SimNode, session: int, rank: int) -> None:
     sid = mesh.session_ids[session]
     if live(rank):
         if sid not in swim.members:
-            swim.members[sid] = Member(sid, mesh.peer_ids[mesh.session_node[session]])
+            swim.add(sid, mesh.peer_ids[mesh.session_node[session]])
     elif sid in swim.members:
         swim.remove(sid)
 

@@ -185,6 +185,14 @@ class SimMembership:
                 del self.checked[session]
         if self.held:
             self._recheck(now)
+        self.evict_due()
+
+    def evict_due(self) -> None:
+        """Evict the sessions we saw failing whose grace is over (`Membership.evict_due`)."""
+        if not self.node.alive:
+            return
+        swim = self.swim
+        now = self.mesh.loop.now
         for member in swim.due_evictions(now):
             if not member.witnessed and not self._failed_here(member.session, now):
                 continue  # heard of, never seen failing here: the witnesses write the eviction
@@ -302,7 +310,12 @@ class SimMembership:
         if answer is None or answer == NOT_THAT_SESSION:
             self.counters["probes_failed"] += 1
             self.silent[session] = now
+            member = probe.member
+            first_hand = not member.witnessed or member.status is not Status.SUSPECT
             self.swim.probe_failed(session, now)
+            if first_hand and member.suspected_at is not None:
+                # Written when the grace ends, not at the protocol period after it (`Membership._evict_when_due`).
+                self.mesh.loop.call_at(member.suspected_at + self.swim.suspicion_timeout, self.evict_due)
         else:
             self.silent.pop(session, None)
             self.swim.acked(session, answer, now)
