@@ -597,6 +597,11 @@ def render(result: dict[str, Any], pngs: list[str]) -> str:
         f" of each node, {result['bootstraps']} bootstrap peers, every node serving one model,"
         f" {result['idle_seconds']:.0f} s idle window."
     )
+    if result.get("link_from"):
+        intro += (
+            f" The link's processing costs and the wire check are those measured by the run in"
+            f" `{result['link_from']}` (`--link-from`), so the two runs differ only in the code."
+        )
     lines = [
         "# The control plane at scale (simulated)",
         "",
@@ -702,6 +707,11 @@ def main() -> int:
     ap.add_argument("--cpu-grid", default="0.0005,0.001,0.002,0.003,0.005")
     ap.add_argument("--validate-trials", type=int, default=5, help="seeds per validation size (median taken)")
     ap.add_argument("--no-wire-check", action="store_true")
+    ap.add_argument(
+        "--link-from",
+        help="a previous scale.json: reuse its measured link costs and wire check instead of measuring them "
+        "(a rerun comparable with that run, and free of this machine's load at the moment)",
+    )
     ap.add_argument("--quick", action="store_true", help="N up to 1,000, shorter windows (for tests)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
@@ -726,7 +736,11 @@ def main() -> int:
         churn_seconds = min(churn_seconds, 120.0)
     modes = [m for m in args.modes.split(",") if m]
     wire = WireSizes.measure()
-    check = wire_check() if not args.no_wire_check else None
+    previous = json.loads(Path(args.link_from).read_text()) if args.link_from else None
+    if previous is not None:
+        check = previous.get("wire_check")
+    else:
+        check = wire_check() if not args.no_wire_check else None
     per_message = check["cpu_per_message_s"] if check else 0.0005
     per_record = check["cpu_per_record_s"] if check else record_cost()
     per_dial = check["cpu_per_dial_s"] if check else 0.005
@@ -754,6 +768,8 @@ def main() -> int:
     }
     if check:
         result["wire_check"] = check
+    if args.link_from:
+        result["link_from"] = os.path.relpath(args.link_from, ROOT)
     result["link"] = dataclasses.asdict(link)
     result["registry"] = {
         mode: {

@@ -43,7 +43,7 @@ class RegistryConfig:
         },
     )
     shuffle_interval: float = field(
-        default=30.0,
+        default=60.0,
         metadata={
             "help": "Seconds between shuffles (a three-hop random walk that swaps samples of the views) and "
             "top-ups of an active view that is not full; a failed neighbour is replaced at once regardless."
