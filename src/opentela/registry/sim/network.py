@@ -23,6 +23,7 @@ drop them and call `disconnected`.
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,10 @@ class LinkModel:
     """Seconds of handshake work (TLS and identity) a new connection costs, before either side may use it."""
     slowdown: float = 1.0
     """Multiplier on processing: how many simulated processes share one real core."""
+    cores: int = 0
+    """Real cores that every node's processing shares (0: each node has its own). One machine running all the
+    nodes as processes, as the real-process benchmark does: a message waits for its node's event loop and then for
+    one of these cores, so a burst that reaches many nodes at once queues as it does on that machine."""
 
 
 class Conn:
@@ -118,6 +123,8 @@ class Network:
         self._half: list[float] = []
         self._nic_free: list[float] = []
         self._cpu_free: list[float] = []
+        self._cores: list[float] | None = [0.0] * model.cores if model.cores > 0 else None
+        """When each shared core is next free (a heap), or None."""
         self.by_category = [0.0] * len(CATEGORIES)
         self.node_category: list[list[float]] = []
         """Bytes each node sent and received, by category (keepalive of implicit connections left out)."""
@@ -384,17 +391,23 @@ class Network:
             handler(*args)
             return
         now = self.loop.now
-        if self._cpu_free[dst] <= now:
-            # An idle node: handle it now, and hold what the handler sends until the work is done (its replica
-            # changes `cost` early, which no one can observe before its next message leaves).
-            done = now + cost
-            self._cpu_free[dst] = done
+        start = self._cpu_free[dst]
+        if start < now:
+            start = now
+        cores = self._cores
+        if cores is not None:
+            if cores[0] > start:
+                start = cores[0]
+            heapq.heapreplace(cores, start + cost)
+        done = start + cost
+        self._cpu_free[dst] = done
+        if start <= now:
+            # Handled now, and what the handler sends is held until the work is done (its replica changes `cost`
+            # early, which no one can observe before its next message leaves).
             if self._nic_free[dst] < done:
                 self._nic_free[dst] = done
             handler(*args)
             return
-        done = self._cpu_free[dst] + cost
-        self._cpu_free[dst] = done
         self.loop.call_at(done, self._run, dst, handler, args)
 
     def _run(self, dst: int, handler: Callable[..., None], args: tuple[Any, ...]) -> None:
