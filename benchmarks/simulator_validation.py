@@ -58,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
 """llama.cpp's threads by default (this machine's cores); `--threads` changes it, and the device entry follows."""
 PARALLEL = max(DECODE_BATCHES)
+PACE_PROMPT, PACE_STEPS = 128, 8
+"""The pace taken around every measurement: a prompt of this many tokens, then this many decode steps."""
 SLOT_CTX = 2304  # a 2048-token prompt plus its output fits one slot
 DECODE_TOKENS = 40
 PREFIX_CHECKS = ((256, 64), (1024, 64), (1024, 256))
@@ -184,33 +186,86 @@ def prompt_tokens(port: int, tokens: int, salt: int) -> str:
     return text
 
 
-def measure_prefill(port: int, lengths: tuple[int, ...], repeats: int) -> list[dict]:
+class Pacer:
+    """The machine's speed, measured again before and after every measurement: a fixed 128-token prefill and
+    eight decode steps after it.
+
+    This machine's speed drifts by tens of percent over minutes (other processes, the host under it), more than
+    the errors being tested. Each measurement keeps the pace taken just before and just after it; the analysis
+    can scale it to the run's median pace (`paced` points), so drift between the calibration points and the
+    others does not show up as model error."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.prompt = prompt_tokens(port, PACE_PROMPT, 99_999)
+        self.log: list[dict] = []
+
+    def __call__(self) -> dict:
+        """Take the pace now (the median of three); every slot is empty afterwards."""
+        prefill, step = [], []
+        for _ in range(3):
+            erase_slots(self.port)
+            body = {"prompt": self.prompt, "n_predict": PACE_STEPS, "ignore_eos": True, "cache_prompt": False}
+            t = post(self.port, {**body, "id_slot": 0})["timings"]
+            prefill.append(t["prompt_ms"])
+            step.append(t["predicted_ms"] / max(1, t["predicted_n"]))
+        erase_slots(self.port)
+        pace = {"prefill_ms": float(np.median(prefill)), "decode_ms": float(np.median(step))}
+        self.log.append(pace)
+        return pace
+
+
+def pace_factor(pair: list[dict], kind: str, reference: dict) -> float:
+    """How much faster (> 1) the machine ran during a measurement than at the run's median pace."""
+    local = (pair[0][kind] + pair[1][kind]) / 2
+    return local / reference[kind]
+
+
+def median_pace(paces: list[dict]) -> dict:
+    """The run's median pace, per kind."""
+    return {k: float(np.median([p[k] for p in paces])) for k in ("prefill_ms", "decode_ms")}
+
+
+def measure_prefill(
+    port: int, lengths: tuple[int, ...], repeats: int, pacer: Pacer | None = None
+) -> list[dict]:
     """Prompt processing time per prompt length (llama.cpp's prompt_ms), best and median of `repeats`.
 
     Rounds go over every length in turn, so each length gets its share of the machine's quieter moments.
     """
     runs: dict[int, list[tuple[int, float]]] = {n: [] for n in lengths}
+    paces: dict[int, list[list[dict]]] = {n: [] for n in lengths}
+    before = pacer() if pacer else None
     for r in range(repeats):
         for i, n in enumerate(lengths):
             body = {"prompt": prompt_tokens(port, n, 1000 * i + r), "n_predict": 1, "cache_prompt": False}
             erase_slots(port)
             t = post(port, body)["timings"]
             runs[n].append((t["prompt_n"], t["prompt_ms"]))
+            if pacer and before:
+                after = pacer()
+                paces[n].append([before, after])
+                before = after
         print(f"prefill round {r + 1}/{repeats} done", file=sys.stderr)
     rows = []
     for n in lengths:
         ms = [m for _, m in runs[n]]
-        rows.append({"prompt_tokens": runs[n][0][0], "best_ms": min(ms), "median_ms": float(np.median(ms))})
+        row = {"prompt_tokens": runs[n][0][0], "best_ms": min(ms), "median_ms": float(np.median(ms))}
+        if pacer:
+            row |= {"runs_ms": ms, "paces": paces[n]}
+        rows.append(row)
     return rows
 
 
-def measure_prefix_hits(port: int, repeats: int) -> list[dict]:
+def measure_prefix_hits(port: int, repeats: int, pacer: Pacer | None = None) -> list[dict]:
     """Prefill of `new` tokens after a `cached`-token prefix llama.cpp kept in its prompt cache."""
     rows = []
+    before = pacer() if pacer else None
     for cached, new in PREFIX_CHECKS:
         best = float("inf")
         reused = 0
         times: list[float] = []
+        paces: list[list[dict]] = []
         for r in range(repeats):
             prefix = prompt_tokens(port, cached, 70_000 + cached + r)
             erase_slots(port)
@@ -224,9 +279,14 @@ def measure_prefix_hits(port: int, repeats: int) -> list[dict]:
             times.append(timings["prompt_ms"])
             reused = tokenize(port, prefix + " " + tail) - int(timings["prompt_n"])
             new_tokens = int(timings["prompt_n"])
-        rows.append(
-            {"cached": reused, "new": new_tokens, "best_ms": best, "median_ms": float(np.median(times))}
-        )
+            if pacer and before:
+                after = pacer()
+                paces.append([before, after])
+                before = after
+        row = {"cached": reused, "new": new_tokens, "best_ms": best, "median_ms": float(np.median(times))}
+        if pacer:
+            row |= {"runs_ms": times, "paces": paces}
+        rows.append(row)
     return rows
 
 
@@ -246,7 +306,11 @@ def stream_gaps(port: int, body: dict, timeout: float = 600.0) -> list[float]:
 
 
 def measure_decode(
-    port: int, batches: tuple[int, ...], contexts: tuple[int, ...], repeats: int
+    port: int,
+    batches: tuple[int, ...],
+    contexts: tuple[int, ...],
+    repeats: int,
+    pacer: Pacer | None = None,
 ) -> list[dict]:
     """Time per decode step with `b` sequences of about `context` tokens decoding together.
 
@@ -254,6 +318,7 @@ def measure_decode(
     tokens, over every stream of every repeat, is the least-disturbed step time (the median is reported too).
     """
     rows = []
+    before = pacer() if pacer else None
     for context in contexts:
         for b in batches:
             gaps: list[float] = []
@@ -277,15 +342,19 @@ def measure_decode(
                 skip = 2 + b
                 gaps += [g for stream in per_stream for g in stream[skip:]]
             ms = 1000 * np.array(gaps)
-            rows.append(
-                {
-                    "batch": b,
-                    "context": context + (2 + b + DECODE_TOKENS) // 2,
-                    "best_ms": float(np.percentile(ms, 10)),
-                    "median_ms": float(np.median(ms)),
-                    "steps_measured": len(ms),
-                }
-            )
+            row = {
+                "batch": b,
+                "context": context + (2 + b + DECODE_TOKENS) // 2,
+                "best_ms": float(np.percentile(ms, 10)),
+                "median_ms": float(np.median(ms)),
+                "steps_measured": len(ms),
+            }
+            if pacer and before:
+                # One pace pair brackets the whole cell: pacing between repeats would evict its cached prompts.
+                after = pacer()
+                row["paces"] = [[before, after]]
+                before = after
+            rows.append(row)
             print(f"decode b={b} ctx={context}: p10 {rows[-1]['best_ms']:.1f} ms", file=sys.stderr)
     return rows
 
@@ -318,6 +387,16 @@ def measure_mixed(port: int, trace: Trace, model_id: str, workdir: Path) -> dict
     return {"ttft_ms": report["ttft_ms"], "tpot_ms": report["tpot_ms"]}
 
 
+def paced_mixed(measured: dict, pair: list[dict], reference: dict) -> dict:
+    """The continuous-batching run's percentiles scaled to the run's median pace: TTFT by the prefill pace, TPOT
+    by the decode pace (a first-order correction: queueing does not scale linearly with speed)."""
+    out = {}
+    for metric, kind in (("ttft_ms", "prefill_ms"), ("tpot_ms", "decode_ms")):
+        factor = pace_factor(pair, kind, reference)
+        out[metric] = {q: v / factor for q, v in measured[metric].items()}
+    return out
+
+
 def simulate_mixed(trace: Trace, device: Device) -> dict:
     """The same run in the simulator, as llama.cpp's server runs it: every step decodes all active slots and
     fills the rest of n_batch (2048) with prompt tokens, one micro-batch per run of consecutive slots (its
@@ -335,13 +414,29 @@ def simulate_mixed(trace: Trace, device: Device) -> dict:
 
 
 def as_points(
-    prefill: list[dict], decode: list[dict], hits: list[dict], statistic: str = "best_ms"
+    prefill: list[dict],
+    decode: list[dict],
+    hits: list[dict],
+    statistic: str = "best_ms",
+    reference: dict | None = None,
 ) -> list[StepPoint]:
     """The measured rows as step points, in seconds of `statistic` (the least-disturbed measurement, or the
-    median)."""
-    points = [StepPoint(r[statistic] / 1000, prefill=(r["prompt_tokens"],)) for r in prefill]
-    points += [StepPoint(r[statistic] / 1000, decode=(r["context"],) * r["batch"]) for r in decode]
-    points += [StepPoint(r[statistic] / 1000, prefill=(r["new"],), cached=(r["cached"],)) for r in hits]
+    median); with the run's median pace as `reference`, each measurement is first scaled to that pace."""
+
+    def value(row: dict, kind: str) -> float:
+        if reference is None:
+            return row[statistic] / 1000
+        if "runs_ms" in row:  # one pace pair per run: scale each run, then take the statistic
+            scaled = [
+                m / pace_factor(pair, kind, reference)
+                for m, pair in zip(row["runs_ms"], row["paces"], strict=True)
+            ]
+            return (min(scaled) if statistic == "best_ms" else float(np.median(scaled))) / 1000
+        return row[statistic] / pace_factor(row["paces"][0], kind, reference) / 1000
+
+    points = [StepPoint(value(r, "prefill_ms"), prefill=(r["prompt_tokens"],)) for r in prefill]
+    points += [StepPoint(value(r, "decode_ms"), decode=(r["context"],) * r["batch"]) for r in decode]
+    points += [StepPoint(value(r, "prefill_ms"), prefill=(r["new"],), cached=(r["cached"],)) for r in hits]
     return points
 
 
@@ -390,15 +485,19 @@ def measure(repeats: int, quick: bool, threads: int = THREADS) -> dict:
     try:
         wait_ready(port, proc)
         post(port, {"prompt": "warm up", "n_predict": 4})
-        prefill = measure_prefill(port, lengths, repeats)
-        decode = measure_decode(port, batches, contexts, repeats)
-        hits = measure_prefix_hits(port, repeats)
+        pacer = Pacer(port)
+        prefill = measure_prefill(port, lengths, repeats, pacer)
+        decode = measure_decode(port, batches, contexts, repeats, pacer)
+        hits = measure_prefix_hits(port, repeats, pacer)
+        mixed_paces = [pacer()]
         with tempfile.TemporaryDirectory() as tmp:
             mixed = measure_mixed(port, trace, MODEL_ID, Path(tmp))
+        mixed_paces.append(pacer())
     finally:
         proc.terminate()
         proc.wait(timeout=30)
         slot_dir.cleanup()
+    reference = median_pace(pacer.log)
     # Copies slowed by other processes understate the bandwidth: measure again once the engine is gone and keep
     # the larger figure (both are recorded).
     bandwidth_after = memory_bandwidth_gbs()
@@ -411,7 +510,18 @@ def measure(repeats: int, quick: bool, threads: int = THREADS) -> dict:
         "copy_bandwidth_before_after_gbs": [bandwidth_before, bandwidth_after],
         "points": [p.to_dict() for p in as_points(prefill, decode, hits)],
         "points_median": [p.to_dict() for p in as_points(prefill, decode, hits, "median_ms")],
-        "mixed": {"requests": requests, "rate_rps": rate, "seed": MIXED_SEED, "measured": mixed},
+        "points_paced": [p.to_dict() for p in as_points(prefill, decode, hits, "best_ms", reference)],
+        "points_paced_median": [
+            p.to_dict() for p in as_points(prefill, decode, hits, "median_ms", reference)
+        ],
+        "paces": pacer.log,
+        "mixed": {
+            "requests": requests,
+            "rate_rps": rate,
+            "seed": MIXED_SEED,
+            "measured": mixed,
+            "measured_paced": paced_mixed(mixed, mixed_paces, reference),
+        },
         "repeats": repeats,
         "quick": quick,
         "loadavg_before": load_before,
@@ -420,20 +530,23 @@ def measure(repeats: int, quick: bool, threads: int = THREADS) -> dict:
     }
 
 
-def analyse(raw: dict, statistic: str = "best") -> dict:
+def analyse(raw: dict, statistic: str = "best", paced: bool = False) -> dict:
     """Fit on the calibration points, predict every other point and the mixed run: the report's document.
 
     `statistic` "best" takes the least-disturbed measurements, "median" the medians (where the run recorded
-    them), for calibration and comparison alike."""
+    them), for calibration and comparison alike; `paced` scales every measurement to the run's median pace."""
     bandwidth = raw["measured_copy_bandwidth_gbs"]
     device_raw = host_cpu_device(threads=raw.get("threads", THREADS), memory_bandwidth_gbs=bandwidth)
-    if statistic == "median" and "points_median" not in raw:
-        raise SystemExit("this result recorded no medians: measure again, or analyse with --statistic best")
-    points = [StepPoint.from_dict(p) for p in raw["points_median" if statistic == "median" else "points"]]
+    key = ("points_paced" if paced else "points") + ("_median" if statistic == "median" else "")
+    if key not in raw:
+        raise SystemExit(f"this result recorded no {key}: measure again, or analyse without that choice")
+    points = [StepPoint.from_dict(p) for p in raw[key]]
     device, chosen, rows = compare(points, device_raw)
     free, _ = recipe("cpu", "embedded")
     summary = error_summary(points, [r["predicted_ms"] / 1000 for r in rows], chosen)
-    mixed = raw["mixed"]
+    mixed = dict(raw["mixed"])
+    if paced:
+        mixed["measured_raw"], mixed["measured"] = mixed["measured"], mixed["measured_paced"]
     trace = mixed_trace(mixed["requests"], rate=mixed["rate_rps"], seed=mixed["seed"])
     simulated = simulate_mixed(trace, device)
     # How far the run sits from saturation: the same run with every step 10 % slower.
@@ -456,6 +569,7 @@ def analyse(raw: dict, statistic: str = "best") -> dict:
     return {
         **raw,
         "statistic": statistic,
+        "paced": paced,
         "device": {
             "source": device_raw.source,
             "cores": device_raw.cores,
@@ -715,6 +829,15 @@ def markdown(doc: dict) -> str:
             if doc.get("statistic") == "median"
             else f"We compare against the least-disturbed measurements: the best of {doc['repeats']} runs for a "
             "prompt, the 10th percentile of the gaps between streamed tokens for decoding."
+        )
+        + (
+            f" Every measurement was scaled to the run's median pace (`--paced`): a fixed {PACE_PROMPT}-token "
+            f"prefill and {PACE_STEPS} decode steps taken just before and just after it, "
+            f"{len(doc.get('paces', []))} paces in all, so the machine's drift during the run does not count as "
+            "model error; the continuous-batching percentiles likewise (TTFT by the prefill pace, TPOT by the "
+            "decode pace)."
+            if doc.get("paced")
+            else ""
         ),
         "- A 135M model is an extreme case for the roofline: its matrices are 576 wide, so kernel choice (vector "
         "or tiled), thread synchronisation and sampling weigh far more than on a GPU.",
@@ -763,11 +886,17 @@ def main() -> None:
         help="which measurement of each point to calibrate on and compare with: the least-disturbed (best) or "
         "the median",
     )
+    parser.add_argument(
+        "--paced",
+        action="store_true",
+        help="scale every measurement to the run's median pace (taken around each one) before fitting and "
+        "comparing",
+    )
     args = parser.parse_args()
     out = args.out
     if args.reanalyse:
         raw = json.loads(Path(args.reanalyse).read_text())
-        for key in ("points", "points_median"):
+        for key in ("points", "points_median", "points_paced", "points_paced_median"):
             if key in raw:
                 raw[key] = [
                     {k: v for k, v in p.items() if k in ("seconds", "prefill", "decode", "cached")}
@@ -775,13 +904,20 @@ def main() -> None:
                 ]
         raw["mixed"] = {
             "seed": MIXED_SEED,
-            **{k: raw["mixed"][k] for k in ("requests", "rate_rps", "measured")},
+            **{
+                k: raw["mixed"][k]
+                for k in ("requests", "rate_rps", "measured", "measured_paced")
+                if k in raw["mixed"]
+            },
         }
         keep = (
             "engine",
             "threads",
             "points",
             "points_median",
+            "points_paced",
+            "points_paced_median",
+            "paces",
             "mixed",
             "repeats",
             "quick",
@@ -794,9 +930,13 @@ def main() -> None:
         pair = raw.get("copy_bandwidth_before_after_gbs")
         bandwidth = max(pair) if pair else raw.get("device", raw)["measured_copy_bandwidth_gbs"]
         raw = {k: raw[k] for k in keep if k in raw} | {"measured_copy_bandwidth_gbs": bandwidth}
-        doc = analyse(raw, args.statistic)
+        doc = analyse(raw, args.statistic, args.paced)
     else:
-        doc = analyse(measure(args.repeats, args.quick, args.threads), args.statistic)
+        measured = measure(args.repeats, args.quick, args.threads)
+        # The raw measurements first: a report that fails to build must not lose a run of many minutes.
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "simulator_validation_raw.json").write_text(json.dumps(measured, indent=2) + "\n")
+        doc = analyse(measured, args.statistic, args.paced)
     gpu = ROOT / "docs" / "benchmarks" / "gpu_validation.json"
     if gpu.exists():
         doc["gpu"] = json.loads(gpu.read_text())

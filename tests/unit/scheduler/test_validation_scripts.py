@@ -149,3 +149,33 @@ def test_the_gpu_script_runs_tiny_on_the_cpu(tmp_path: Path) -> None:
     cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_validation.py"), "--tiny", "--device", "cpu"]
     subprocess.run([*cmd, "--quick", "--repeats", "1", "--out", str(out)], check=True, timeout=300)
     assert out.stat().st_size > 0
+
+
+def test_paced_points_scale_each_measurement_to_the_runs_median_pace() -> None:
+    fast, slow = {"prefill_ms": 10.0, "decode_ms": 5.0}, {"prefill_ms": 20.0, "decode_ms": 10.0}
+    reference = cpu.median_pace([fast, fast, slow])
+    assert reference == fast
+    # The second run of a prompt came while the machine ran at half speed: scaled, it equals the first.
+    prefill = [
+        {
+            "prompt_tokens": 64,
+            "best_ms": 8.0,
+            "median_ms": 12.0,
+            "runs_ms": [8.0, 16.0],
+            "paces": [[fast, fast], [slow, slow]],
+        }
+    ]
+    # A decode cell bracketed by a normal and a slow pace: 1.5x slower on average.
+    decode = [{"batch": 2, "context": 100, "best_ms": 30.0, "median_ms": 33.0, "paces": [[fast, slow]]}]
+    hits: list[dict] = []
+    raw = cpu.as_points(prefill, decode, hits, "best_ms")
+    paced = cpu.as_points(prefill, decode, hits, "best_ms", reference)
+    paced_median = cpu.as_points(prefill, decode, hits, "median_ms", reference)
+    assert [p.seconds for p in raw] == [0.008, 0.030]
+    assert [p.seconds for p in paced] == pytest.approx([0.008, 0.020])
+    assert [p.seconds for p in paced_median] == pytest.approx([0.008, 0.022])
+    measured = {"ttft_ms": {"p50": 100.0}, "tpot_ms": {"p50": 30.0}}
+    scaled = cpu.paced_mixed(measured, [fast, slow], reference)
+    assert scaled["ttft_ms"]["p50"] == pytest.approx(100 / 1.5) and scaled["tpot_ms"]["p50"] == pytest.approx(
+        20.0
+    )
