@@ -66,7 +66,8 @@ def test_gpu_comparison_fits_three_points_and_predicts_the_rest() -> None:
     assert result["summary"]["all"]["max_abs_pct"] < 1.0
 
 
-def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
+def truth_rows() -> tuple[list[dict], list[dict], list[dict]]:
+    """Prefill, decode and prefix-hit rows as a device with CPU_TRUTH's step model would measure them."""
     model = cpu.load_model(cpu.MODEL_NAME)
     truth = CPU.with_step(CPU_TRUTH)
     prefill = [
@@ -90,6 +91,11 @@ def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
         }
         for k, n in cpu.PREFIX_CHECKS
     ]
+    return prefill, decode, hits
+
+
+def test_cpu_validation_compares_reports_and_plots(tmp_path: Path) -> None:
+    prefill, decode, hits = truth_rows()
     points = cpu.as_points(prefill, decode, hits)
     device, chosen, rows = cpu.compare(points, CPU)
     # The smallest decode step, the one holding the most context, the prefill at the grid's geometric middle.
@@ -179,3 +185,28 @@ def test_paced_points_scale_each_measurement_to_the_runs_median_pace() -> None:
     assert scaled["ttft_ms"]["p50"] == pytest.approx(100 / 1.5) and scaled["tpot_ms"]["p50"] == pytest.approx(
         20.0
     )
+
+
+def test_the_report_shows_every_statistic_of_the_same_run() -> None:
+    prefill, decode, hits = truth_rows()
+    exact = [p.to_dict() for p in cpu.as_points(prefill, decode, hits)]
+    # The medians: one predicted prefill measured 40 % slow, so that statistic misses the worst-error target.
+    slow = [dict(r) for r in prefill]
+    slow[3]["best_ms"] *= 1.4
+    off = [p.to_dict() for p in cpu.as_points(slow, decode, hits)]
+    raw = {
+        "threads": 2,
+        "measured_copy_bandwidth_gbs": 20.0,
+        "points": exact,
+        "points_median": off,
+        "mixed": {"requests": 8, "rate_rps": 0.5, "seed": 1},
+    }
+    device, _, _ = cpu.compare([StepPoint.from_dict(p) for p in exact], CPU)
+    simulated = cpu.simulate_mixed(cpu.mixed_trace(8, rate=0.5, seed=1), device)
+    raw["mixed"]["measured"] = {m: {"p50": simulated[m]["p50"]} for m in ("ttft_ms", "tpot_ms")}
+    rows = cpu.every_statistic(raw)  # nothing paced was recorded: two rows
+    assert [(r["statistic"], r["paced"]) for r in rows] == [("best", False), ("median", False)]
+    assert rows[0]["targets_held"] == 6 and abs(rows[0]["ttft_ms"]) < 1e-6
+    assert rows[1]["prefill_worst"] > 20 and rows[1]["targets_held"] < 6
+    table = "\n".join(cpu.statistics_table(rows, ("median", False)))
+    assert "| best | " in table and "| **median** (above) |" in table and "| 6 of 6 |" in table
