@@ -34,6 +34,11 @@ async def read_msg(stream: Stream, max_size: int = DEFAULT_MAX_SIZE) -> Any:
     End of stream before a message: asyncio.IncompleteReadError (with an empty `partial`), so a reader loop
     can stop cleanly. End of stream inside a message, a length over `max_size` or bad msgpack: ProtocolError.
     """
+    return (await read_msg_sized(stream, max_size))[0]
+
+
+async def read_msg_sized(stream: Stream, max_size: int = DEFAULT_MAX_SIZE) -> tuple[Any, int]:
+    """Receive one message, with the bytes it took on the stream (header included), as `read_msg`."""
     header = await _read_header(stream)
     (length,) = _LEN.unpack(header)
     if length > max_size:
@@ -43,7 +48,7 @@ async def read_msg(stream: Stream, max_size: int = DEFAULT_MAX_SIZE) -> Any:
     except asyncio.IncompleteReadError as exc:
         raise ProtocolError(f"stream ended {len(exc.partial)} bytes into a {length} byte message") from None
     try:
-        return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        return msgpack.unpackb(body, raw=False, strict_map_key=False), _LEN.size + length
     except (ValueError, TypeError, msgpack.UnpackException) as exc:
         raise ProtocolError(f"malformed message: {exc}") from exc
 

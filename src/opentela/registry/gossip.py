@@ -47,7 +47,7 @@ from opentela._tasks import TaskSet
 from opentela._types import PROTO_GOSSIP, Lifecycle, PeerId, Stream
 from opentela.errors import OpenTelaError, ProtocolError
 from opentela.fabric.host import Host
-from opentela.fabric.messages import encode_msg, read_msg
+from opentela.fabric.messages import encode_msg, read_msg_sized
 from opentela.registry._config import RegistryConfig
 from opentela.registry.crdt import Digest
 from opentela.registry.digest_shards import differing, shard_count, shard_hashes
@@ -631,8 +631,8 @@ class Gossip:
         await stream.write(data)
 
     async def _recv(self, stream: Stream) -> dict[str, Any]:
-        msg = await read_msg(stream, self.config.max_message_bytes)
-        self.counters["bytes_in"] += len(msgpack.packb(msg, use_bin_type=True)) + 4
+        msg, size = await read_msg_sized(stream, self.config.max_message_bytes)
+        self.counters["bytes_in"] += size
         if not isinstance(msg, dict):
             raise ProtocolError("gossip message is not a map")
         return msg

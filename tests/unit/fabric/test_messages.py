@@ -9,7 +9,7 @@ import pytest
 
 from opentela.errors import ProtocolError
 from opentela.fabric.memory import memory_stream_pair
-from opentela.fabric.messages import encode_msg, read_msg, write_msg
+from opentela.fabric.messages import encode_msg, read_msg, read_msg_sized, write_msg
 
 
 async def test_round_trip_of_several_messages() -> None:
@@ -57,3 +57,12 @@ async def test_malformed_input_is_a_protocol_error(wire: bytes, needle: str) -> 
 
 def test_encoding_is_length_then_msgpack() -> None:
     assert encode_msg([1, 2]) == b"\x00\x00\x00\x03\x92\x01\x02"
+
+
+async def test_a_sized_read_reports_the_bytes_the_message_took_on_the_stream() -> None:
+    a, b = memory_stream_pair("/p", "a", "b")
+    msgs = [{"t": "push", "r": [b"\x01" * 300]}, [1, 2]]
+    for msg in msgs:
+        await write_msg(a, msg)
+    for msg in msgs:
+        assert await read_msg_sized(b) == (msg, len(encode_msg(msg)))
