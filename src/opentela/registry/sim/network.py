@@ -60,6 +60,9 @@ class LinkModel:
     """Extra seconds per record received (signature check and merge)."""
     cpu_per_dial: float = 0.0
     """Seconds of handshake work (TLS and identity) a new connection costs, before either side may use it."""
+    cpu_per_send: float = 0.0
+    """Seconds the sender's event loop spends writing one message (encoding, encryption, the write: on loopback
+    the write also runs the receiver's TCP stack): a node's messages leave one after another, each once written."""
     slowdown: float = 1.0
     """Multiplier on processing: how many simulated processes share one real core."""
     cores: int = 0
@@ -111,6 +114,7 @@ class Network:
         self._inv_bw = 1.0 / model.bandwidth if model.bandwidth > 0 else 0.0
         self._cpu = model.cpu_per_message * model.slowdown
         self._cpu_record = model.cpu_per_record * model.slowdown
+        self._cpu_send = model.cpu_per_send * model.slowdown
         self.sent: list[float] = []
         self.recv: list[float] = []
         self.alive: list[bool] = []
@@ -367,6 +371,9 @@ class Network:
         start = now if conn.ready_at <= now else conn.ready_at
         if self._nic_free[src] > start:
             start = self._nic_free[src]  # still transmitting, or still processing what made this message
+        if self._cpu_send:
+            start = self._occupy(src, start, self._cpu_send) + self._cpu_send
+            self._nic_free[src] = start
         if self._inv_bw:
             start += nbytes * self._inv_bw
             self._nic_free[src] = start
@@ -391,16 +398,8 @@ class Network:
             handler(*args)
             return
         now = self.loop.now
-        start = self._cpu_free[dst]
-        if start < now:
-            start = now
-        cores = self._cores
-        if cores is not None:
-            if cores[0] > start:
-                start = cores[0]
-            heapq.heapreplace(cores, start + cost)
+        start = self._occupy(dst, now, cost)
         done = start + cost
-        self._cpu_free[dst] = done
         if start <= now:
             # Handled now, and what the handler sends is held until the work is done (its replica changes `cost`
             # early, which no one can observe before its next message leaves).
@@ -409,6 +408,20 @@ class Network:
             handler(*args)
             return
         self.loop.call_at(done, self._run, dst, handler, args)
+
+    def _occupy(self, node: int, at: float, cost: float) -> float:
+        """`node` does `cost` seconds of work from `at`, after what its event loop (and, on a shared machine, the
+        shared cores) already hold; returns when the work starts."""
+        start = self._cpu_free[node]
+        if start < at:
+            start = at
+        cores = self._cores
+        if cores is not None:
+            if cores[0] > start:
+                start = cores[0]
+            heapq.heapreplace(cores, start + cost)
+        self._cpu_free[node] = start + cost
+        return start
 
     def _run(self, dst: int, handler: Callable[..., None], args: tuple[Any, ...]) -> None:
         if self.alive[dst]:

@@ -104,21 +104,39 @@ def test_network_counts_each_byte_at_both_ends(sizes: WireSizes) -> None:
     assert net.open_connections(a) == net.open_connections(b) == 1
 
 
+def star(sizes: WireSizes, link: LinkModel) -> tuple[EventLoop, Network, int, list[int]]:
+    """A sender connected to three receivers, one simulated second after the dials."""
+    loop = EventLoop()
+    net = Network(loop, sizes, link, random.Random(1), keepalive_interval=15.0, keepalive_timeout=10.0)
+    sender, *receivers = (net.add_node() for _ in range(4))
+    for r in receivers:
+        net.connect(sender, r)
+    loop.run_until(1.0)
+    return loop, net, sender, receivers
+
+
 @pytest.mark.parametrize("cores", [0, 1, 2])
 def test_nodes_on_shared_cores_queue_for_them(sizes: WireSizes, cores: int) -> None:
     # Three nodes each get one message at the same instant, each costing 10 ms of processing. A handler runs
     # when its work starts if a core is free at once (what it sends is held until the work is done), else when
     # the work is done. Cores of their own: all three start at once; one shared core: one after the other; two
     # shared cores: two at once, the third once the first two are done.
-    loop = EventLoop()
-    link = LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=cores)
-    net = Network(loop, sizes, link, random.Random(1), keepalive_interval=15.0, keepalive_timeout=10.0)
-    sender, *receivers = (net.add_node() for _ in range(4))
-    for r in receivers:
-        net.connect(sender, r)
-    loop.run_until(1.0)
+    loop, net, sender, receivers = star(
+        sizes, LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=cores)
+    )
     handled: list[float] = []
     for r in receivers:
         net.send(sender, r, 100, PROBE, lambda: handled.append(round(loop.now - 1.0, 6)))
     loop.run_until(2.0)
     assert handled == {0: [0.0, 0.0, 0.0], 1: [0.0, 0.02, 0.03], 2: [0.0, 0.0, 0.02]}[cores]
+
+
+def test_a_node_writes_its_messages_one_after_another(sizes: WireSizes) -> None:
+    # Sending costs the sender 10 ms a message (receiving is free here): three messages sent at once leave one
+    # after another, 10, 20 and 30 ms later.
+    loop, net, sender, receivers = star(sizes, LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_send=0.01))
+    arrived: list[float] = []
+    for r in receivers:
+        net.send(sender, r, 100, PROBE, lambda: arrived.append(round(loop.now - 1.0, 6)))
+    loop.run_until(2.0)
+    assert arrived == [0.01, 0.02, 0.03]
