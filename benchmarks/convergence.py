@@ -196,8 +196,9 @@ async def run_traffic(
         }
 
 
-async def run_size(n: int, idle_seconds: float, workdir: Path) -> dict:
-    """One mesh of n nodes: idle traffic, then a join and a model announcement."""
+async def run_size(n: int, idle_seconds: float, workdir: Path, events: int = 3) -> dict:
+    """One mesh of n nodes: idle traffic, then `events` rounds of a join and a model announcement; each figure is
+    the median over the rounds (one event is one sample of a machine whose speed drifts)."""
     trace_dir = workdir / "traces"
     env = {**os.environ, "OTELA_NODE_TRACE_DIR": str(trace_dir), "OTELA_LOG_LEVEL": "WARNING"}
     async with LocalMesh(workdir, env=env) as mesh:
@@ -208,38 +209,62 @@ async def run_size(n: int, idle_seconds: float, workdir: Path) -> dict:
         before = io_bytes(pids)
         await asyncio.sleep(idle_seconds)
         idle = traffic_per_node(before, io_bytes(pids), idle_seconds)
-        existing = set(read_traces(trace_dir))
-        await mesh.add_worker("joiner", None, "--log-level", "WARNING")
-        await wait_all_know(trace_dir, n + 1, timeout=60)
-        traces = read_traces(trace_dir)
-        (joiner_session,) = set(traces) - existing
-        join_delays = apply_delays(traces, joiner_session, "JOIN")
-        join = percentiles(join_delays)
-        # The joiner writes JOIN before it has dialed anyone; from the first replica that learns of it (its
-        # bootstrap peer), the rest is dissemination alone.
-        join_spread = percentiles([d - min(join_delays) for d in join_delays])
-        existing = set(traces)
-        await mesh.add_worker(
-            "server", [*OTELA, "engine", "simulated", "--model", "conv-model"], "--log-level", "WARNING"
-        )
-        await mesh.wait_serving("conv-model", 1, timeout=60)
-        await asyncio.sleep(3)
-        traces = read_traces(trace_dir)
-        (server_session,) = set(traces) - existing
-        serve = percentiles(apply_delays(traces, server_session, "SERVING"))
+        rounds = []
+        for i in range(events):
+            existing = set(read_traces(trace_dir))
+            await mesh.add_worker(f"joiner{i}", None, "--log-level", "WARNING")
+            await wait_all_know(trace_dir, len(existing) + 1, timeout=60)
+            traces = read_traces(trace_dir)
+            (joiner_session,) = set(traces) - existing
+            join_delays = apply_delays(traces, joiner_session, "JOIN")
+            existing = set(traces)
+            await mesh.add_worker(
+                f"server{i}",
+                [*OTELA, "engine", "simulated", "--model", f"conv-model-{i}"],
+                "--log-level",
+                "WARNING",
+            )
+            await mesh.wait_serving(f"conv-model-{i}", 1, timeout=60)
+            await asyncio.sleep(3)
+            traces = read_traces(trace_dir)
+            (server_session,) = set(traces) - existing
+            rounds.append(
+                {
+                    "join": percentiles(join_delays),
+                    # The joiner writes JOIN before it has dialed anyone; from the first replica that learns of
+                    # it (its bootstrap peer), the rest is dissemination alone.
+                    "join_from_first_replica": percentiles([d - min(join_delays) for d in join_delays]),
+                    "serve_model": percentiles(apply_delays(traces, server_session, "SERVING")),
+                    "delays": {
+                        "join": sorted(join_delays),
+                        "serve_model": sorted(apply_delays(traces, server_session, "SERVING")),
+                    },
+                }
+            )
+            print(
+                f"  N={n} round {i + 1}: join {rounds[-1]['join']} model {rounds[-1]['serve_model']}",
+                file=sys.stderr,
+            )
         return {
             "nodes": n,
             "load_average": [round(x, 2) for x in load],
             "startup_converged_s": round(settle, 2),
-            "join": join,
-            "join_from_first_replica": join_spread,
-            "serve_model": serve,
+            "events": events,
+            **{
+                key: median_figures([r[key] for r in rounds])
+                for key in ("join", "join_from_first_replica", "serve_model")
+            },
             "idle_traffic": idle,
+            "rounds": [{k: v for k, v in r.items() if k != "delays"} for r in rounds],
             "delays": {
-                "join": sorted(apply_delays(traces, joiner_session, "JOIN")),
-                "serve_model": sorted(apply_delays(traces, server_session, "SERVING")),
+                key: sorted(d for r in rounds for d in r["delays"][key]) for key in ("join", "serve_model")
             },
         }
+
+
+def median_figures(samples: list[dict[str, float]]) -> dict[str, float]:
+    """Each figure's median over the rounds (the lower middle one for an even count)."""
+    return {k: sorted(s[k] for s in samples)[(len(samples) - 1) // 2] for k in samples[0]}
 
 
 def render(result: dict) -> str:
@@ -251,6 +276,14 @@ def render(result: dict) -> str:
         "that announces a model, which runs the simulated engine). Delays run from the originating node's own write to",
         "each other replica applying the change; all clocks are this machine's.",
         f"Machine: {result['machine']['cpus']} CPUs, Python {result['machine']['python']}.",
+        *(
+            [
+                f"Each size ran {result['runs'][0]['events']} rounds of a join and a model announcement (a new node",
+                "each, seconds apart); every figure below is its median over the rounds (each round is in the JSON).",
+            ]
+            if result["runs"] and result["runs"][0].get("events", 1) > 1
+            else []
+        ),
         "",
         "| N | join p50 | p75 | p95 | slowest | model p50 | p75 | p95 | slowest | idle B/s per node (mean / max) "
         "| load avg |",
@@ -332,6 +365,9 @@ async def main() -> int:
     ap.add_argument("--idle-seconds", type=float, default=20.0)
     ap.add_argument("--churn-seconds", type=float, default=30.0)
     ap.add_argument("--churn-period", type=float, default=2.0)
+    ap.add_argument(
+        "--events", type=int, default=3, help="joins and model announcements per size (medians kept)"
+    )
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"))
     args = ap.parse_args()
     traffic = []
@@ -346,7 +382,7 @@ async def main() -> int:
     for n in [int(x) for x in args.sizes.split(",") if x]:
         print(f"N={n}...", file=sys.stderr)
         with tempfile.TemporaryDirectory(prefix=f"otela-conv-{n}-") as tmp:
-            runs.append(await run_size(n, args.idle_seconds, Path(tmp)))
+            runs.append(await run_size(n, args.idle_seconds, Path(tmp), args.events))
         r = runs[-1]
         print(f"  join {r['join']} model {r['serve_model']}", file=sys.stderr)
     result = {

@@ -182,10 +182,13 @@ def validate(
                 config = SimConfig(nodes=n, mode=mode, link=link, seed=seed, bootstraps=1, serving=0.0)
                 mesh = build(config, local, settle=10.0)
                 quiet = idle(mesh, 20.0)
-                joined = join(mesh)
-                mesh.run(ANNOUNCE_AFTER_JOIN_S)
-                served = announce(mesh)
-                trials.append({"idle": quiet, "join": joined, "serve_model": served})
+                # As many rounds as the real run had (each a join, then an announcement), medians over all.
+                for _ in range(int(real[n].get("events", 1))):
+                    joined = join(mesh)
+                    mesh.run(ANNOUNCE_AFTER_JOIN_S)
+                    served = announce(mesh)
+                    mesh.run(ANNOUNCE_AFTER_JOIN_S)
+                    trials.append({"idle": quiet, "join": joined, "serve_model": served})
             runs.append({"nodes": n, "load": load, **_median_trial(trials)})
         runs_by_cpu[send] = runs
         # One parameter, fitted on the convergence medians (join and model p50) over all sizes.
