@@ -23,8 +23,8 @@ drop them and call `disconnected`.
 
 from __future__ import annotations
 
-import heapq
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +67,9 @@ class LinkModel:
     """Multiplier on processing: how many simulated processes share one real core."""
     cores: int = 0
     """Real cores that every node's processing shares (0: each node has its own). One machine running all the
-    nodes as processes, as the real-process benchmark does: a message waits for its node's event loop and then for
-    one of these cores, so a burst that reaches many nodes at once queues as it does on that machine."""
+    nodes as processes, as the real-process benchmark does: nodes with work take turns on these cores, one message
+    read (or, with `cpu_per_send`, written) at a time, as an operating system shares cores between runnable
+    processes, so a burst that reaches many nodes at once queues as it does on that machine."""
 
 
 class Conn:
@@ -127,8 +128,13 @@ class Network:
         self._half: list[float] = []
         self._nic_free: list[float] = []
         self._cpu_free: list[float] = []
-        self._cores: list[float] | None = [0.0] * model.cores if model.cores > 0 else None
-        """When each shared core is next free (a heap), or None."""
+        self._shared = model.cores > 0
+        self._idle_cores = model.cores
+        self._runnable: deque[int] = deque()
+        """Nodes with work waiting, in the order they get a shared core (one piece of work at a time)."""
+        self._work: list[deque[tuple[float, Callable[..., None], tuple[Any, ...]]]] = []
+        self._scheduled: list[bool] = []
+        """Whether a node is runnable or running on a shared core."""
         self.by_category = [0.0] * len(CATEGORIES)
         self.node_category: list[list[float]] = []
         """Bytes each node sent and received, by category (keepalive of implicit connections left out)."""
@@ -157,6 +163,8 @@ class Network:
         self._half.append(self.rng.uniform(lo / 2, hi / 2))
         self._nic_free.append(0.0)
         self._cpu_free.append(0.0)
+        self._work.append(deque())
+        self._scheduled.append(False)
         if self.activity is not None:
             self.activity.append(set())
         return len(self.alive) - 1
@@ -365,13 +373,36 @@ class Network:
         conn = self.connect(src, dst)
         if conn is None:
             return False
-        now = self.loop.now
         self.messages += 1
-        self._settle(conn, now)
+        self._settle(conn, self.loop.now)
+        self.count(src, dst, nbytes, category)
+        if self.activity is not None:
+            self.activity[src].add(dst)
+            self.activity[dst].add(src)
+        if self._shared and self._cpu_send:
+            # Writing it is work of the sender's loop, done in its turn on a shared core; then it leaves.
+            self._enqueue(
+                src, self._cpu_send, self._transmit, (src, dst, conn, nbytes, handler, args, records)
+            )
+        else:
+            self._transmit(src, dst, conn, nbytes, handler, args, records)
+        return True
+
+    def _transmit(
+        self,
+        src: int,
+        dst: int,
+        conn: Conn,
+        nbytes: int,
+        handler: Callable[..., None] | None,
+        args: tuple[Any, ...],
+        records: int,
+    ) -> None:
+        now = self.loop.now
         start = now if conn.ready_at <= now else conn.ready_at
         if self._nic_free[src] > start:
             start = self._nic_free[src]  # still transmitting, or still processing what made this message
-        if self._cpu_send:
+        if self._cpu_send and not self._shared:
             start = self._occupy(src, start, self._cpu_send) + self._cpu_send
             self._nic_free[src] = start
         if self._inv_bw:
@@ -380,13 +411,8 @@ class Network:
         arrive = start + self._half[src] + self._half[dst]
         conn.quiet_since = arrive
         conn.pings = 0
-        self.count(src, dst, nbytes, category)
-        if self.activity is not None:
-            self.activity[src].add(dst)
-            self.activity[dst].add(src)
         if handler is not None and self.alive[dst]:
             self.loop.call_at(arrive, self._deliver, dst, conn, handler, args, records)
-        return True
 
     def _deliver(
         self, dst: int, conn: Conn, handler: Callable[..., None], args: tuple[Any, ...], records: int
@@ -396,6 +422,9 @@ class Network:
         cost = self._cpu + records * self._cpu_record
         if cost <= 0.0:
             handler(*args)
+            return
+        if self._shared:
+            self._enqueue(dst, cost, self._run, (dst, handler, args))
             return
         now = self.loop.now
         start = self._occupy(dst, now, cost)
@@ -410,18 +439,45 @@ class Network:
         self.loop.call_at(done, self._run, dst, handler, args)
 
     def _occupy(self, node: int, at: float, cost: float) -> float:
-        """`node` does `cost` seconds of work from `at`, after what its event loop (and, on a shared machine, the
-        shared cores) already hold; returns when the work starts."""
+        """`node`, on a core of its own, does `cost` seconds of work from `at`, after what its event loop already
+        holds; returns when the work starts."""
         start = self._cpu_free[node]
         if start < at:
             start = at
-        cores = self._cores
-        if cores is not None:
-            if cores[0] > start:
-                start = cores[0]
-            heapq.heapreplace(cores, start + cost)
         self._cpu_free[node] = start + cost
         return start
+
+    # --- shared cores: every node's processing on the machine's few cores ---------------------------------------
+    # The operating system shares cores between runnable processes fairly, so a process with one message waiting
+    # does not wait for the whole backlog of a burst, as it would in one queue of all messages: runnable nodes
+    # take turns, a piece of work (a message read or written) each, and a node is on one core at most.
+    def _enqueue(self, node: int, cost: float, then: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self._work[node].append((cost, then, args))
+        if not self._scheduled[node]:
+            self._scheduled[node] = True
+            self._runnable.append(node)
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        while self._idle_cores and self._runnable:
+            node = self._runnable.popleft()
+            if not self.alive[node]:
+                self._work[node].clear()
+                self._scheduled[node] = False
+                continue
+            cost, then, args = self._work[node].popleft()
+            self._idle_cores -= 1
+            self.loop.call_later(cost, self._finish, node, then, args)
+
+    def _finish(self, node: int, then: Callable[..., None], args: tuple[Any, ...]) -> None:
+        self._idle_cores += 1
+        if self.alive[node]:
+            then(*args)
+        if self._work[node]:
+            self._runnable.append(node)  # its next piece waits for the others' turns
+        else:
+            self._scheduled[node] = False
+        self._dispatch()
 
     def _run(self, dst: int, handler: Callable[..., None], args: tuple[Any, ...]) -> None:
         if self.alive[dst]:
