@@ -141,8 +141,8 @@ def validate(
     """`mode` on loopback with this machine's records against the real processes of `reference` (a
     convergence.py JSON run with the same code). Receiving a message costs `per_message` (the wire check's
     measurement); the cost of sending one (one number) is fitted on the real runs' convergence medians. With
-    `shared_cores`, every simulated node's processing queues for the reference machine's cores, as its processes
-    did; without, each node has a core of its own, its processing stretched by the real run's load average over
+    `shared_cores`, the simulated nodes take turns on the reference machine's cores, as its processes did;
+    without, each node has a core of its own, its processing stretched by the real run's load average over
     2 cores."""
     from opentela.node.hardware import probe_hardware
 

@@ -115,18 +115,24 @@ def star(sizes: WireSizes, link: LinkModel) -> tuple[EventLoop, Network, int, li
     return loop, net, sender, receivers
 
 
+def handled_at(sizes: WireSizes, link: LinkModel, targets: list[int]) -> list[tuple[int, float]]:
+    """The star's sender sends one message to each of `targets` (receivers by position), in order, at once:
+    (receiver, seconds until its handler ran) in the order they ran."""
+    loop, net, sender, receivers = star(sizes, link)
+    handled: list[tuple[int, float]] = []
+    for t in targets:
+        net.send(sender, receivers[t], 100, PROBE, lambda t=t: handled.append((t, round(loop.now - 1.0, 6))))
+    loop.run_until(2.0)
+    return handled
+
+
 @pytest.mark.parametrize("cores", [0, 1, 2])
 def test_nodes_on_shared_cores_queue_for_them(sizes: WireSizes, cores: int) -> None:
     # Three nodes each get one message at the same instant, each costing 10 ms of processing. On cores of their
     # own, all three are handled at once (what a handler sends is held until its work is done); on shared cores a
     # handler runs when its work is done: one core, one after the other; two cores, two at once, then the third.
-    loop, net, sender, receivers = star(
-        sizes, LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=cores)
-    )
-    handled: list[float] = []
-    for r in receivers:
-        net.send(sender, r, 100, PROBE, lambda: handled.append(round(loop.now - 1.0, 6)))
-    loop.run_until(2.0)
+    link = LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=cores)
+    handled = [at for _, at in handled_at(sizes, link, [0, 1, 2])]
     assert handled == {0: [0.0, 0.0, 0.0], 1: [0.01, 0.02, 0.03], 2: [0.01, 0.01, 0.02]}[cores]
 
 
@@ -134,13 +140,9 @@ def test_shared_cores_take_turns_between_nodes_not_messages(sizes: WireSizes) ->
     # One shared core: the first receiver gets three messages, the second one message just after them. The
     # nodes take turns, a message each, as processes do under the operating system's scheduler: the second
     # node's message is handled after the first node's first, not after all three.
-    loop, net, sender, (busy, quiet, _) = star(
-        sizes, LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=1)
-    )
-    handled: list[tuple[int, float]] = []
-    for node in (busy, busy, busy, quiet):
-        net.send(sender, node, 100, PROBE, lambda n=node: handled.append((n, round(loop.now - 1.0, 6))))
-    loop.run_until(2.0)
+    link = LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=1)
+    busy, quiet = 0, 1
+    handled = handled_at(sizes, link, [busy, busy, busy, quiet])
     assert handled == [(busy, 0.01), (quiet, 0.02), (busy, 0.03), (busy, 0.04)]
 
 
@@ -148,11 +150,6 @@ def test_shared_cores_take_turns_between_nodes_not_messages(sizes: WireSizes) ->
 def test_a_node_writes_its_messages_one_after_another(sizes: WireSizes, cores: int) -> None:
     # Sending costs the sender 10 ms a message (receiving is free here): three messages sent at once leave one
     # after another, 10, 20 and 30 ms later.
-    loop, net, sender, receivers = star(
-        sizes, LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_send=0.01, cores=cores)
-    )
-    arrived: list[float] = []
-    for r in receivers:
-        net.send(sender, r, 100, PROBE, lambda: arrived.append(round(loop.now - 1.0, 6)))
-    loop.run_until(2.0)
+    link = LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_send=0.01, cores=cores)
+    arrived = [at for _, at in handled_at(sizes, link, [0, 1, 2])]
     assert arrived == [0.01, 0.02, 0.03]
