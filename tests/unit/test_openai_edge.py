@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from hypothesis import given
@@ -18,6 +19,21 @@ def test_sane_client_request_ids_are_kept_others_replaced() -> None:
         fresh = edge.request_id(bad)
         assert fresh != bad and len(fresh) == 32 and int(fresh, 16) >= 0
     assert edge.request_id(None) != edge.request_id(None)
+
+
+def test_fresh_request_ids_are_distinct_hex_and_a_forked_child_draws_its_own() -> None:
+    ids = {edge.request_id(None) for _ in range(20_000)}
+    assert len(ids) == 20_000 and all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then leave without running the parent's cleanup
+        os.write(write_end, edge.request_id(None).encode())
+        os._exit(0)
+    os.close(write_end)
+    child_id = os.read(read_end, 64).decode()
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    assert len(child_id) == 32 and child_id != edge.request_id(None)
 
 
 class Limited(OpenTelaError):

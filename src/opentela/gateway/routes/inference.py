@@ -60,7 +60,15 @@ async def handle_inference(request: web.Request) -> web.StreamResponse:
         headers = answer_headers(call, st.config.server_timing)
         if not attempt.event_stream:
             headers["Content-Type"] = attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
-            return web.Response(status=attempt.head.status, body=body, headers=headers)
+            answer = web.Response(status=attempt.head.status, body=body, headers=headers)
+            # Written here rather than by aiohttp after the handler returns, so that the client has its answer
+            # before the call's bookkeeping (metrics, policy feedback) runs on leaving `with call`.
+            try:
+                await answer.prepare(request)
+                await answer.write_eof()
+            except ConnectionResetError:
+                forwarder.client_gone(call)
+            return answer
         headers["Content-Type"] = edge.SSE_CONTENT_TYPE
         headers["Cache-Control"] = "no-cache"
         response = web.StreamResponse(status=attempt.head.status, headers=headers)
