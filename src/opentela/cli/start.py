@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import shlex
 import sys
@@ -273,6 +274,11 @@ async def run_node(config: OtelaConfig, command: list[str]) -> int:
         if agent.log_sink is not None:
             print(f"log sink  {agent.log_sink.url or agent.log_sink.path} (on fail-stop)", file=sys.stderr)
         sys.stderr.flush()
+        # What start-up built (modules, the mesh, the gateway; ~73,000 tracked objects in an ingress) lives as
+        # long as the process: moved out of the collector's generations, no collection walks it again (a full
+        # pass over it takes 12 ms here, a stall of whatever request is in flight).
+        gc.collect()
+        gc.freeze()
         return await agent.wait()
     finally:
         # The handlers stay while the node leaves: a batch system often sends SIGTERM twice (to every process
