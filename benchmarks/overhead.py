@@ -15,10 +15,12 @@ project (for example `git worktree add ../baseline <commit>`, then `--baseline-s
 second ingress and worker whose processes run with PYTHONPATH=DIR, so they import the other build (checked before
 measuring: a child with the same environment must import opentela from DIR). Both workers' engines are this
 build's simulated engine with the same settings, so only the mesh differs. The sequential measurement and the
-open-loop rates (16 req/s unless --rates says otherwise) interleave requests to both ingresses and direct engine
-calls; the result gives each build's added p50/p99, the ratio this build / baseline, and the load average during
-each step. It writes docs/benchmarks/overhead_vs_baseline.{json,md} and leaves overhead.{json,md} alone; LiteLLM
-and the highest-rate search are not run in this mode.
+open-loop rates (16 req/s unless --rates says otherwise) interleave requests to both ingresses with direct calls
+to each worker's engine, and each build is measured against its own engine's direct calls; the result gives each
+build's added p50/p99, the ratio this build / baseline, and the load average during each step. It writes
+docs/benchmarks/overhead_vs_baseline.{json,md} and leaves overhead.{json,md} alone; LiteLLM and the highest-rate
+search are not run in this mode. An A/A run (the baseline a second checkout of this commit) shows how far apart
+the two slots measure on the machine at hand: read a comparison's ratios against it.
 
     python benchmarks/overhead.py --baseline-src ../baseline/src [--requests 1000] [--rates 16] [--seconds 15]
 """
@@ -186,12 +188,19 @@ async def open_loop(
 
 
 async def open_loop_paths(
-    http: aiohttp.ClientSession, vias: list[Path_], direct: Path_, rate: float, seconds: float, seed: int = 42
+    http: aiohttp.ClientSession,
+    vias: list[Path_],
+    direct: Path_ | list[Path_],
+    rate: float,
+    seconds: float,
+    seed: int = 42,
 ) -> list[dict]:
     """Poisson arrivals at `rate` req/s; each arrival sends one request on every path (direct included) in a
-    random order, for `seconds`. One summary per path in `vias`, each against the same direct calls."""
+    random order, for `seconds`. One summary per path in `vias`, each against the same direct calls, or with a
+    list of directs, each against its own (`direct[i]` for `vias[i]`)."""
     rng = random.Random(seed)
-    lat: dict[str, list[float]] = {p.name: [] for p in (*vias, direct)}
+    directs = direct if isinstance(direct, list) else [direct] * len(vias)
+    lat: dict[str, list[float]] = {p.name: [] for p in (*vias, *directs)}
     stages: dict[str, list[dict[str, float]]] = {p.name: [] for p in vias}
     errors = 0
 
@@ -213,7 +222,7 @@ async def open_loop_paths(
             delay = start + t - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            order = [*vias, direct]
+            order = [*vias, *dict.fromkeys(directs)]
             if len(order) == 2:  # the two-path order draw of earlier runs, so their seeds still match
                 if rng.random() >= 0.5:
                     order.reverse()
@@ -223,8 +232,8 @@ async def open_loop_paths(
                 tg.create_task(one(p))
             t += rng.expovariate(rate)
     out = []
-    for via in vias:
-        res = summarize(via.name, lat[via.name], lat[direct.name], stages[via.name])
+    for via, own in zip(vias, directs, strict=True):
+        res = summarize(via.name, lat[via.name], lat[own.name], stages[via.name])
         res["rate_rps"] = rate
         res["errors"] = errors
         out.append(res)
@@ -438,7 +447,7 @@ def _loadavg_1m() -> float:
 
 
 async def run_vs_baseline(args: argparse.Namespace) -> dict:
-    """This build's mesh and the baseline build's mesh side by side, each against the same direct engine calls."""
+    """This build's mesh and the baseline build's mesh side by side, each against direct calls to its engine."""
     baseline_src = Path(args.baseline_src).resolve()
     baseline_env = {**os.environ, "PYTHONPATH": str(baseline_src)}
     new = build_info(NEW_SRC, None)
@@ -467,10 +476,16 @@ async def run_vs_baseline(args: argparse.Namespace) -> dict:
             await base_mesh.add_worker("worker", engine, "--log-level", "WARNING")
             await mesh.wait_serving(MODEL, 1, timeout=60)
             await base_mesh.wait_serving(MODEL, 1, timeout=60)
+            # Each mesh is compared with direct calls to its own engine, so that both engines see the same
+            # traffic: with one engine taking the direct calls as well, that engine stayed warmer and its
+            # build measured 10 % faster than a copy of itself (an A/A run on this machine).
             direct = Path_("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions")
+            direct_base = Path_(
+                "direct-baseline", f"http://127.0.0.1:{baseline_engine_port}/v1/chat/completions"
+            )
             via_new = Path_("mesh", f"{mesh.api}/chat/completions")
             via_base = Path_("baseline", f"{base_mesh.api}/chat/completions")
-            paths = [direct, via_new, via_base]
+            paths = [direct, via_new, direct_base, via_base]
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024)) as http:
                 print("warming up...", file=sys.stderr)
                 await closed_loop(http, paths, 100)
@@ -480,8 +495,8 @@ async def run_vs_baseline(args: argparse.Namespace) -> dict:
                     _comparison(
                         "sequential",
                         [
-                            summarize(p.name, seq[p.name][0], seq["direct"][0], seq[p.name][1])
-                            for p in paths[1:]
+                            summarize(via.name, seq[via.name][0], seq[own.name][0], seq[via.name][1])
+                            for own, via in ((direct, via_new), (direct_base, via_base))
                         ],
                     )
                 ]
@@ -489,7 +504,9 @@ async def run_vs_baseline(args: argparse.Namespace) -> dict:
                     print(
                         f"open loop, both builds, {rate:g} req/s for {args.seconds:g} s...", file=sys.stderr
                     )
-                    res = await open_loop_paths(http, [via_new, via_base], direct, rate, args.seconds)
+                    res = await open_loop_paths(
+                        http, [via_new, via_base], [direct, direct_base], rate, args.seconds
+                    )
                     steps.append(_comparison(f"{rate:g} req/s", res))
             profiles = None
             if args.profile:
@@ -535,7 +552,8 @@ def render_baseline_markdown(result: dict) -> str:
         "",
         "`benchmarks/overhead.py --baseline-src`: two meshes (ingress + one worker each) on loopback, one running",
         "this build and one the baseline build, measured in the same run with their requests interleaved with",
-        f"direct calls to the engine. Both workers' engines are this build's: {result['engine']}.",
+        "direct calls to each worker's engine (each build against its own). Both workers' engines are this",
+        f"build's: {result['engine']}.",
         f"Machine: {m['cpus']} CPUs, Python {m['python']}, shared with other work: load average "
         f"{m['loadavg_start'][0]} at the start, {m['loadavg_end'][0]} at the end.",
         "",

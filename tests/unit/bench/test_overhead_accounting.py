@@ -60,3 +60,24 @@ def test_the_report_judges_hops_and_litellm() -> None:
     text = "\n".join(overhead._verdict(result))
     assert "| added p50 sequential, in hops (hop 1.5 ms, same run) | <= 1.3 hops | 1.2 | met |" in text
     assert "10.6 lower p50, met" in text
+
+
+class _FixedPath(overhead.Path_):
+    """A path that answers in a fixed time, without a network: what open_loop_paths pairs is the subject."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        super().__init__(name, "http://unused")
+        self.seconds = seconds
+
+    async def post(self, http):  # type: ignore[no-untyped-def, override]
+        return self.seconds, {}
+
+
+async def test_each_build_is_measured_against_its_own_engine_when_directs_are_paired(monkeypatch) -> None:
+    monkeypatch.setattr(overhead, "ENGINE_MS", 2.0)
+    new, base = _FixedPath("mesh", 0.0050), _FixedPath("baseline", 0.0070)
+    own_new, own_base = _FixedPath("direct", 0.0030), _FixedPath("direct-baseline", 0.0040)
+    paired = await overhead.open_loop_paths(None, [new, base], [own_new, own_base], 400.0, 0.1)  # type: ignore[arg-type]
+    assert [round(r["added_p50_ms"], 3) for r in paired] == [2.0, 3.0]
+    shared = await overhead.open_loop_paths(None, [new, base], own_new, 400.0, 0.1)  # type: ignore[arg-type]
+    assert [round(r["added_p50_ms"], 3) for r in shared] == [2.0, 4.0]
