@@ -39,7 +39,10 @@ LLAMA_CPP_CPU = StepModel(gemv_rows=3, gemv_tie=0.75, ubatch_tokens=512, kv_pad=
   threads, three runs): a decode step of two sequences costs twice one, of four three times one, and from eight
   on the cost per sequence levels off at about 3/4 of one alone. llama.cpp's tiled (tinyBLAS) and repacked
   kernels take rows in groups of four like this; its build here has them for the Q8_0 output projection but not
-  for Q4_1, so which kernel gives the Q4_1 layers the same shape is not traced.
+  for Q4_1, so which kernel gives the Q4_1 layers the same shape is not traced. These were measured on an AVX2
+  host; on an AVX-512 VNNI host (2026-11-27, same build) one sequence alone runs relatively faster: two cost
+  2.6 times one, four 4.2 times, sixteen 13.7 times at context 85 (at every context up to 1,521, two cost 4-7 ms
+  more than twice one), so there these constants under-predict small batches.
 - `ubatch_tokens=512`: its default micro-batch; a longer prompt runs as passes of 512 rows.
 - `kv_pad=256`: with flash attention it pads the KV view to 256 cells, and the queries of a prompt run over
   the whole view in tiles, masked cells included (a decode step's single query skips them).
