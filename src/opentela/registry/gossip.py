@@ -206,7 +206,8 @@ class Gossip:
 
     def _on_neighbour_down(self, peer: PeerId) -> None:
         if self._lazy is not None:
-            self._lazy.neighbour_down(peer)
+            for lazy_peer in self._lazy.neighbour_down(peer):
+                self._spawn(self._graft(lazy_peer, []), "gossip-reeager")
 
     def _on_neighbour(self, peer: PeerId) -> None:
         self._on_neighbour_up_lazy(peer)

@@ -90,12 +90,25 @@ class LazyPush(Generic[P, K, R]):
         self.neighbours.add(peer)
         self.lazy.discard(peer)
 
-    def neighbour_down(self, peer: P) -> None:
-        """A peer left the active view: forget what we knew of it (it may come back as an older node)."""
+    def neighbour_down(self, peer: P) -> list[P]:
+        """A peer left the active view: forget what we knew of it (it may come back as an older node).
+
+        When its link was eager, the tree may be cut here: a record from beyond the cut would come to this side
+        only as an id and wait out the graft timeout. So every remaining link turns eager on our side, and the
+        peers returned (our lazy neighbours) are to be asked, by a graft naming no key, to turn theirs eager too.
+        The next record then floods around this node, and the prunes it draws re-form a tree across the cut.
+        """
+        was_eager = peer in self.neighbours and peer not in self.lazy
         self.neighbours.discard(peer)
         self.capable.discard(peer)
         self.lazy.discard(peer)
         self._pruned_at.pop(peer, None)
+        if not was_eager or not self.lazy:
+            return []
+        reeager = sorted(self.lazy, key=str)  # in a fixed order: the simulator's runs follow their seed alone
+        self.lazy.clear()
+        self.counters["reeagered"] += len(reeager)
+        return reeager
 
     def learned(self, peer: P) -> None:
         """`peer` showed it understands ids (it sent one, a prune, a graft, or said so in anti-entropy)."""

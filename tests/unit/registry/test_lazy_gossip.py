@@ -40,6 +40,31 @@ async def test_a_duplicate_prunes_the_link_and_a_missing_record_is_grafted() -> 
         assert b.registry.candidates("m") == [rec]
 
 
+async def test_losing_a_tree_link_asks_the_lazy_neighbours_for_records_again() -> None:
+    async with swarm(3, RegistryConfig(anti_entropy_interval=60)) as nodes:
+        a, b, _ = nodes
+        await until(lambda: converged(nodes), timeout=10)
+        a_id, b_id, c_id = (n.host.peer_id for n in nodes)
+        assert a.gossip.lazy is not None and b.gossip.lazy is not None
+        await until(lambda: b_id in a.gossip.lazy.capable and a_id in b.gossip.lazy.capable)
+        # Make a-b a lazy link at both ends (a duplicate push, then b's prune), as a tree leaves most links.
+        serving = a.registry.update_local(lifecycle=Lifecycle.SERVING, models=(ModelEntry("m0"),))
+        await until(lambda: b.registry.get(serving.session_id) == serving)
+        assert await a.gossip._push_to(b_id, b.host.listen_addrs, [serving])
+        await until(lambda: a.gossip.lazy.is_lazy(b_id) and b.gossip.lazy.is_lazy(a_id))
+        assert not a.gossip.lazy.is_lazy(c_id)
+        # a's eager neighbour c leaves its active view: a pushes records to b again, and asks b to do the same.
+        a.gossip._on_neighbour_down(c_id)
+        assert not a.gossip.lazy.is_lazy(b_id) and a.gossip.stats()["reeagered"] == 1
+        await until(lambda: not b.gossip.lazy.is_lazy(a_id))
+        assert b.gossip.stats()["grafts_served"] == 1 and a.gossip.stats().get("grafts_sent", 0) == 0
+        # b's next change reaches a without a graft.
+        rec = b.registry.update_local(lifecycle=Lifecycle.SERVING, models=(ModelEntry("m1"),))
+        await until(lambda: a.registry.get(rec.session_id) == rec, timeout=GRAFT_TIMEOUT / 2)
+        await asyncio.sleep(GRAFT_TIMEOUT)
+        assert a.gossip.stats().get("grafts_sent", 0) == 0
+
+
 class OlderGossip(Gossip):
     """A node from before lazy push: it never says it understands ids, takes only the records of a push, and
     floods (it never prunes)."""

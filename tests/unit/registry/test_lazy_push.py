@@ -84,6 +84,21 @@ def test_an_announcer_that_left_the_view_is_skipped_and_forgotten() -> None:
     assert lazy.due(1.0) == {"b": ["k"]}
 
 
+def test_losing_a_tree_link_turns_every_other_link_eager_again() -> None:
+    lazy = state("tree", "a", "b", "c")
+    lazy.pruned("a")
+    lazy.pruned("b")
+    # A lazy link going changes nothing: records never took it.
+    assert lazy.neighbour_down("b") == []
+    assert lazy.lazy == {"a"}
+    # An eager one may have been the tree's only way here: a and c get records again, and a (the lazy one) is
+    # returned, to be asked for records too.
+    assert lazy.neighbour_down("tree") == ["a"]
+    assert lazy.lazy == set() and lazy.counters["reeagered"] == 1
+    # Nothing lazy left: nothing to ask.
+    assert lazy.neighbour_down("c") == []
+
+
 def test_the_waits_are_bounded() -> None:
     lazy: LazyPush[str, int, int] = LazyPush(max_missing=3)
     lazy.neighbour_up("a")
@@ -120,6 +135,7 @@ class Mesh:
                 if j not in old:  # an older node never says it understands ids
                     self.lazy[i].learned(j)
         self.replica: list[dict[int, int]] = [{} for _ in range(n)]
+        self.grafts_with_keys = 0
         self.queue: list[tuple[str, int, int, object]] = []  # (kind, sender, receiver, payload)
         self.now = 0.0
         self.records_sent = 0
@@ -171,6 +187,7 @@ class Mesh:
         elif kind == "graft":
             lazy.grafted(sender)
             assert isinstance(payload, list)
+            self.grafts_with_keys += bool(payload)
             for key in payload:
                 if key in self.replica[node]:
                     self.records_sent += 1
@@ -182,6 +199,14 @@ class Mesh:
             if i not in self.old:
                 for peer, keys in self.lazy[i].due(self.now).items():
                     self.queue.append(("graft", i, peer, keys))
+
+    def cut(self, a: int, b: int) -> None:
+        """The link a-b leaves both active views; each end asks what `neighbour_down` says to ask."""
+        self.adj[a].discard(b)
+        self.adj[b].discard(a)
+        for node, gone in ((a, b), (b, a)):
+            for peer in self.lazy[node].neighbour_down(gone):
+                self.queue.append(("graft", node, peer, []))
 
     def run(self) -> None:
         while True:
@@ -254,3 +279,25 @@ def test_after_a_few_changes_records_take_a_tree_instead_of_every_link() -> None
     # Flooding sends each record over each link about once each way; the tree about once per node.
     assert flood.records_sent > 2.5 * 20 * n
     assert tree.records_sent < 1.6 * 20 * n
+
+
+def test_a_record_after_tree_links_are_cut_needs_no_graft() -> None:
+    # View changes (a join, a failure) take links out of active views. Where a link of the tree goes, the
+    # tree falls in two, and without repair the next record would reach the far side only as ids, each node
+    # there waiting out the graft timeout before asking.
+    n = 60
+    edges = random_graph(n, 6, random.Random(7))
+    mesh = Mesh(edges, n, old=set(), rng=random.Random(1), fifo=True)
+    rng = random.Random(3)
+    for key in range(10):  # the first changes prune the redundant links
+        mesh.write(rng.randrange(n), key, 1)
+        mesh.run()
+    tree = sorted((a, b) for a, b in edges if not mesh.lazy[a].is_lazy(b) and not mesh.lazy[b].is_lazy(a))
+    for a, b in rng.sample(tree, 6):
+        mesh.cut(a, b)
+    mesh.run()  # the repair asks (grafts naming no key) are delivered
+    for key in range(10, 15):
+        mesh.write(rng.randrange(n), key, 1)
+        mesh.run()
+    assert all(len(r) == 15 for r in mesh.replica)
+    assert mesh.grafts_with_keys == 0

@@ -208,7 +208,7 @@ class SimGossip:
     def graft(self, peer: int, keys: list[int]) -> None:
         """Ask `peer` for the records of `keys`, which it announced and which did not come."""
         mesh = self.mesh
-        self.counters["grafts_sent"] += 1
+        self.counters["grafts_sent" if keys else "reeager_requests"] += 1
         them = mesh.nodes[peer].gossip
         mesh.net.send(
             self.node.index, peer, mesh.sizes.graft(len(keys)), LAZY, them.rpc_graft, self.node.index, keys
@@ -265,7 +265,8 @@ class SimGossip:
     def neighbour_down(self, peer: int) -> None:
         """A peer left our active view."""
         if self.lazy is not None:
-            self.lazy.neighbour_down(peer)
+            for lazy_peer in self.lazy.neighbour_down(peer):
+                self.graft(lazy_peer, [])
 
     def neighbour_up(self, peer: int) -> bool:
         """A new neighbour: pull a part from it while our first sync is incomplete; False when not joining."""
