@@ -42,7 +42,11 @@ LLAMA_CPP_CPU = StepModel(gemv_rows=3, gemv_tie=0.75, ubatch_tokens=512, kv_pad=
   for Q4_1, so which kernel gives the Q4_1 layers the same shape is not traced. These were measured on an AVX2
   host; on an AVX-512 VNNI host (2026-11-27, same build) one sequence alone runs relatively faster: two cost
   2.6 times one, four 4.2 times, sixteen 13.7 times at context 85 (at every context up to 1,521, two cost 4-7 ms
-  more than twice one), so there these constants under-predict small batches.
+  more than twice one), so there these constants under-predict small batches. A profile of the engine there
+  (perf, decode at context 64, one thread) shows why: the Q8_0 output projection takes the vector kernel for
+  one row (0.7 ms a step) but tinyBLAS's 4xN tiles from two rows on, at 2.2 ms a row for two and 1.6 for four;
+  and the Q4_1 layers' vector rows cost 4.2-4.4 ms a row in a batch against 3.3 ms alone (the same kernel, so
+  most likely the memory access order of batched rows).
 - `ubatch_tokens=512`: its default micro-batch; a longer prompt runs as passes of 512 rows.
 - `kv_pad=256`: with flash attention it pads the KV view to 256 cells, and the queries of a prompt run over
   the whole view in tiles, masked cells included (a decode step's single query skips them).
