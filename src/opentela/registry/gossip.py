@@ -156,6 +156,8 @@ class Gossip:
         if self._lazy is not None:
             out.update(self._lazy.counters)
             out["lazy_neighbours"] = len(self._lazy.lazy)
+            out["neighbours"] = len(self._lazy.neighbours)
+            out["capable_neighbours"] = len(self._lazy.capable)
             out["waiting_for"] = len(self._lazy.missing)
         return out
 

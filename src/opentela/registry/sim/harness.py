@@ -44,9 +44,21 @@ def build(config: SimConfig, sizes: WireSizes, settle: float = 5.0) -> Mesh:
 
 
 def detection_bound(mesh: Mesh) -> float:
-    """SWIM's worst case from a crash to its eviction: a probe period, both timeouts and the suspicion grace."""
+    """From a crash to its eviction when a probe finds it within a period (with many probers, the expected
+    case): a probe period, both timeouts and the suspicion grace."""
     c = mesh.registry_config
     return c.probe_interval + c.probe_timeout + c.indirect_timeout + c.suspicion_timeout
+
+
+def round_robin_bound(mesh: Mesh) -> float | None:
+    """SWIM's time-bounded completeness (Das et al., section 4.3) with partial views: each neighbour of a crashed
+    node probes it within 2k - 1 of its periods, k its probe list (at most an active view), each period up to 1.1
+    probe intervals with our jitter; then both timeouts and the suspicion grace. None for a full mesh (k = N)."""
+    c = mesh.registry_config
+    if not c.active_view:
+        return None
+    first_probe = (2 * c.active_view - 1) * 1.1 * c.probe_interval
+    return round(first_probe + c.probe_timeout + c.indirect_timeout + c.suspicion_timeout, 2)
 
 
 class _Window:
@@ -288,6 +300,7 @@ def churn(
             "serve": sum(c.kind == "serve" for c in changes),
         },
         "bound_s": bound,
+        "round_robin_bound_s": round_robin_bound(mesh),
         "crash_resolved": spread(resolved["crash"], 3),
         "serve_resolved": spread(resolved["serve"], 3),
         "crash_routing_resolved": spread(resolved["route"], 3),

@@ -67,9 +67,12 @@ class LinkModel:
     """Multiplier on processing: how many simulated processes share one real core."""
     cores: int = 0
     """Real cores that every node's processing shares (0: each node has its own). One machine running all the
-    nodes as processes, as the real-process benchmark does: nodes with work take turns on these cores, one message
-    read (or, with `cpu_per_send`, written) at a time, as an operating system shares cores between runnable
-    processes, so a burst that reaches many nodes at once queues as it does on that machine."""
+    nodes as processes, as the real-process benchmark does: nodes with work take turns on these cores, as an
+    operating system shares cores between runnable processes, so a burst that reaches many nodes at once queues
+    as it does on that machine."""
+    cpu_slice: float = 0.0
+    """With shared cores: seconds of work a node may do in one turn once it has a core (a time slice: a process
+    keeps its core until it blocks or its slice is used up); 0: one message read or written a turn."""
 
 
 class Conn:
@@ -450,7 +453,8 @@ class Network:
     # --- shared cores: every node's processing on the machine's few cores ---------------------------------------
     # The operating system shares cores between runnable processes fairly, so a process with one message waiting
     # does not wait for the whole backlog of a burst, as it would in one queue of all messages: runnable nodes
-    # take turns, a piece of work (a message read or written) each, and a node is on one core at most.
+    # take turns, and a node is on one core at most. A turn lasts until the node has nothing left to do or has
+    # used its slice (at least one piece: a message read or written).
     def _enqueue(self, node: int, cost: float, then: Callable[..., None], args: tuple[Any, ...]) -> None:
         self._work[node].append((cost, then, args))
         if not self._scheduled[node]:
@@ -467,12 +471,18 @@ class Network:
                 continue
             cost, then, args = self._work[node].popleft()
             self._idle_cores -= 1
-            self.loop.call_later(cost, self._finish, node, then, args)
+            self.loop.call_later(cost, self._finish, node, then, args, cost)
 
-    def _finish(self, node: int, then: Callable[..., None], args: tuple[Any, ...]) -> None:
-        self._idle_cores += 1
+    def _finish(self, node: int, then: Callable[..., None], args: tuple[Any, ...], used: float) -> None:
         if self.alive[node]:
             then(*args)
+            if self._work[node] and used < self.model.cpu_slice:
+                # Still within its slice: it goes on with its next piece (what the one just done queued, such as
+                # the messages a handler sends, included) without giving up the core.
+                cost, then, args = self._work[node].popleft()
+                self.loop.call_later(cost, self._finish, node, then, args, used + cost)
+                return
+        self._idle_cores += 1
         if self._work[node]:
             self._runnable.append(node)  # its next piece waits for the others' turns
         else:

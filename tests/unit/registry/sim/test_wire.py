@@ -146,6 +146,22 @@ def test_shared_cores_take_turns_between_nodes_not_messages(sizes: WireSizes) ->
     assert handled == [(busy, 0.01), (quiet, 0.02), (busy, 0.03), (busy, 0.04)]
 
 
+@pytest.mark.parametrize(
+    ("slice_s", "order"),
+    [
+        (0.015, [(0, 0.01), (0, 0.02), (1, 0.03), (0, 0.04)]),  # its slice ends after two: the other's turn
+        (0.025, [(0, 0.01), (0, 0.02), (0, 0.03), (1, 0.04)]),  # all three within its slice
+    ],
+)
+def test_a_node_keeps_its_core_for_its_time_slice(
+    sizes: WireSizes, slice_s: float, order: list[tuple[int, float]]
+) -> None:
+    # As above, but a node that has the core works through its queue until its slice is used up (a process
+    # keeps its core until it blocks or its slice ends), so the quiet node waits for more than one message.
+    link = LinkModel(latency=(0.0, 0.0), bandwidth=0, cpu_per_message=0.01, cores=1, cpu_slice=slice_s)
+    assert handled_at(sizes, link, [0, 0, 0, 1]) == order
+
+
 @pytest.mark.parametrize("cores", [0, 2])
 def test_a_node_writes_its_messages_one_after_another(sizes: WireSizes, cores: int) -> None:
     # Sending costs the sender 10 ms a message (receiving is free here): three messages sent at once leave one
