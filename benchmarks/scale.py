@@ -611,21 +611,25 @@ def acceptance(result: dict[str, Any]) -> list[str]:
             slowest = max(cr["slowest_s"], c["serve_resolved"]["slowest_s"])
             other = c["traffic"].get("other_bytes_per_s", {"max": math.nan})["max"]
             routed = c.get("crash_routing_resolved", {"slowest_s": math.nan})["slowest_s"]
+            routed = max(routed, c["serve_resolved"]["slowest_s"])
+            # SWIM's detection bound is its time-bounded completeness: with partial views, a round robin over an
+            # active view (a full mesh's, over every node, is far beyond the one-period figure, kept for it).
+            bound = c.get("round_robin_bound_s") or c["bound_s"]
             rows += [
-                f"| {mode} | {c['nodes']} (churn) | every view of SERVING replicas correct within {c['bound_s']} s "
-                f"(slowest discrepancy: record LEFT, or SERVING applied) | {_fmt(slowest)} | "
-                f"{'met' if slowest <= c['bound_s'] else 'NOT met'} |",
+                f"| {mode} | {c['nodes']} (churn) | every view of SERVING replicas correct within "
+                + (f"SWIM's detection bound, {bound} s" if bound != c["bound_s"] else f"{bound} s")
+                + f" (slowest discrepancy: record LEFT, or SERVING applied) | {_fmt(slowest)} | "
+                f"{'met' if slowest <= bound else 'NOT met'} |",
+                f"| {mode} | {c['nodes']} (churn) | ... as routing sees it (a suspected replica is out of routing) | "
+                f"{_fmt(routed)} | {'met' if routed <= bound else 'NOT met'} |",
             ]
-            if c.get("round_robin_bound_s"):
+            if bound != c["bound_s"]:
                 rows.append(
-                    f"| {mode} | {c['nodes']} (churn) | ... within SWIM's round-robin bound, "
-                    f"{c['round_robin_bound_s']} s | {_fmt(slowest)} | "
-                    f"{'met' if slowest <= c['round_robin_bound_s'] else 'NOT met'} |"
+                    f"| {mode} | {c['nodes']} (churn) | ... both within one probe period's figure, {c['bound_s']} s "
+                    f"(a crashed node probed within a period) | {_fmt(slowest)} / {_fmt(routed)} | "
+                    f"{'met' if max(slowest, routed) <= c['bound_s'] else 'NOT met'} |"
                 )
             rows += [
-                f"| {mode} | {c['nodes']} (churn) | ... as routing sees it (a suspected replica is out of routing) | "
-                f"{_fmt(max(routed, c['serve_resolved']['slowest_s']))} | "
-                f"{'met' if max(routed, c['serve_resolved']['slowest_s']) <= c['bound_s'] else 'NOT met'} |",
                 f"| {mode} | {c['nodes']} (churn) | no node's traffic over 10 KB/s (churn window) | {_fmt(t['max'])} | "
                 f"{'met' if t['max'] <= 10 * KB else 'NOT met'} |",
                 f"| {mode} | {c['nodes']} (churn) | ... bootstrap peers left out | {_fmt(other)} | "
