@@ -208,7 +208,7 @@ async def run_size(n: int, idle_seconds: float, workdir: Path, events: int = 3) 
         pids = [node.pid for node in mesh.nodes.values() if node.pid]
         before = io_bytes(pids)
         await asyncio.sleep(idle_seconds)
-        idle = traffic_per_node(before, io_bytes(pids), idle_seconds)
+        idle = {**traffic_per_node(before, io_bytes(pids), idle_seconds), "seconds": idle_seconds}
         rounds = []
         for i in range(events):
             existing = set(read_traces(trace_dir))

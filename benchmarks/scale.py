@@ -189,7 +189,8 @@ def validate(
             for seed in seeds:
                 config = SimConfig(nodes=n, mode=mode, link=link, seed=seed, bootstraps=1, serving=0.0)
                 mesh = build(config, local, settle=10.0)
-                quiet = idle(mesh, 20.0)
+                # The real run's idle window (a busiest node's rate over a shorter window is burstier).
+                quiet = idle(mesh, float(real[n]["idle_traffic"].get("seconds", 20.0)))
                 # As many rounds as the real run had (each a join, then an announcement), medians over all.
                 for _ in range(int(real[n].get("events", 1))):
                     joined = join(mesh)
