@@ -155,12 +155,13 @@ def validate(
     reference_run = json.loads(reference.read_text())
     real = {r["nodes"]: r for r in reference_run["runs"]}
     cores = int(reference_run.get("machine", {}).get("cpus") or 2) if shared_cores else 0
+    slice_s = scheduler_slice(cores) if cores else 0.0
     local = WireSizes.measure(hardware=probe_hardware(use_nvml=False))
     out: dict[str, Any] = {
         "mode": mode,
         "reference": os.path.relpath(reference, ROOT),
         "shared_cores": cores,
-        "cpu_slice_s": scheduler_slice(cores) if cores else 0.0,
+        "cpu_slice_s": slice_s,
         "record_bytes": list(local.record),
         "cpu_per_message_s": per_message,
         "cpu_per_record_s": per_record,
@@ -183,7 +184,7 @@ def validate(
                 cpu_per_dial=per_dial,
                 slowdown=1.0 if cores else max(1.0, load / 2),
                 cores=cores,
-                cpu_slice=scheduler_slice(cores) if cores else 0.0,
+                cpu_slice=slice_s,
             )
             trials = []
             for seed in seeds:
@@ -611,8 +612,10 @@ def acceptance(result: dict[str, Any]) -> list[str]:
             cr, t = c["crash_resolved"], c["traffic"]["bytes_per_node_per_s"]
             slowest = max(cr["slowest_s"], c["serve_resolved"]["slowest_s"])
             other = c["traffic"].get("other_bytes_per_s", {"max": math.nan})["max"]
-            routed = c.get("crash_routing_resolved", {"slowest_s": math.nan})["slowest_s"]
-            routed = max(routed, c["serve_resolved"]["slowest_s"])
+            routed = max(
+                c.get("crash_routing_resolved", {"slowest_s": math.nan})["slowest_s"],
+                c["serve_resolved"]["slowest_s"],
+            )
             # SWIM's detection bound is its time-bounded completeness: with partial views, a round robin over an
             # active view (a full mesh's, over every node, is far beyond the one-period figure, kept for it).
             bound = c.get("round_robin_bound_s") or c["bound_s"]
