@@ -61,8 +61,9 @@ async def test_a_dead_node_is_evicted_by_its_neighbours_and_merged_everywhere() 
         await until(
             lambda: all(n.registry.get(session).lifecycle is Lifecycle.LEFT for n in survivors), timeout=15
         )
-        signers = {n.registry.get(session).signer for n in survivors}
-        assert len(signers) == 1, "concurrent evictions merge to one record"
+        # Two neighbours may write the eviction at once; the copies then cross the mesh, so the
+        # survivors agree on one winner a round later, not at the moment each sees LEFT.
+        await until(lambda: len({n.registry.get(session).signer for n in survivors}) == 1, timeout=10)
         witnesses = {n.host.peer_id for n in survivors if n.membership.stats()["evictions"]}
         assert witnesses & neighbours, "its neighbours witnessed the failure and wrote the eviction"
         assert sum(n.membership.stats()["evictions_refused"] for n in survivors) == 0
