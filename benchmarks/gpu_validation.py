@@ -6,11 +6,17 @@ at contexts of 64 to 1500 tokens (the CPU validation's grid), fits the step mode
 prefill 512, prefill 2048) and reports the simulator's error on the others for the catalog device (H100-SXM by
 default). Needs torch and transformers (not among the project's dependencies).
 
+On CUDA each step is timed twice over: by the wall clock around an eager forward (what HF transformers pays,
+kernel launches from Python included) and by the sum of its kernels' times from the profiler (what an engine that
+replays CUDA graphs, such as vLLM's decode, comes close to). Each series gets its own fit.
+
 `--tiny` shrinks every config to 2 layers of hidden size 64 and runs on the CPU in seconds: a smoke test of the
-script itself, not a validation (the tests run the parts that need no torch).
+script itself, not a validation (the tests run the parts that need no torch). `--reanalyse FILE` fits again the
+measurements an earlier run stored, with no torch and no GPU.
 
     python benchmarks/gpu_validation.py [--gpu H100-SXM] [--repeats 5]
     python benchmarks/gpu_validation.py --tiny --device cpu --out /tmp/gpu_validation.json
+    python benchmarks/gpu_validation.py --reanalyse docs/benchmarks/gpu_validation.json
 """
 
 from __future__ import annotations
@@ -24,8 +30,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from opentela.scheduler.calibration import (
     StepPoint,
+    choose_points,
     error_summary,
     fit_step_model,
     kind_of,
@@ -36,10 +45,10 @@ from opentela.scheduler.calibration import (
 from opentela.scheduler.hardware import Device, builtin_catalog, host_cpu_device
 from opentela.scheduler.models import ModelSpec, spec_from_config
 from opentela.scheduler.roofline import Precision
+from opentela.scheduler.step_model import StepModel
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("Llama-3.1-8B-Instruct", "Qwen3-1.7B")
-CALIBRATION = (StepPoint(0.0, decode=(64,)), StepPoint(0.0, prefill=(512,)), StepPoint(0.0, prefill=(2048,)))
 PRECISION = Precision("bf16", "bf16", "bf16")
 TINY = {
     "num_hidden_layers": 2,
@@ -71,17 +80,14 @@ def grid(quick: bool = False) -> list[StepPoint]:
     return validation_grid()
 
 
-def nearest(points: list[StepPoint], target: StepPoint) -> StepPoint:
-    """The point of the same kind and batch whose size is closest to `target`'s."""
-    same = [p for p in points if kind_of(p) == kind_of(target) and len(p.decode) == len(target.decode)]
-    size = sum(target.prefill) + sum(target.decode)
-    return min(same, key=lambda p: abs(sum(p.prefill) + sum(p.decode) - size))
-
-
-def compare(points: list[StepPoint], spec: ModelSpec, device: Device) -> dict[str, Any]:
-    """Fit on the three calibration points, predict every point, summarise the errors on the others."""
-    chosen = [nearest(points, c) for c in CALIBRATION]
-    step = fit_step_model(chosen, spec, device, PRECISION)
+def compare(
+    points: list[StepPoint], spec: ModelSpec, device: Device, step: StepModel | None = None
+) -> dict[str, Any]:
+    """Fit on the calibration points `otela simulate calibrate` would choose, predict every point, summarise
+    the errors on the others; with `step`, predict with that step model instead (fitted elsewhere)."""
+    chosen = choose_points(points) if step is None else []
+    if step is None:
+        step = fit_step_model(chosen, spec, device, PRECISION)
     fitted = device.with_step(step)
     used = {shape(p) for p in chosen}
     predicted = [predict(p, spec, fitted, PRECISION) for p in points]
@@ -99,6 +105,42 @@ def compare(points: list[StepPoint], spec: ModelSpec, device: Device) -> dict[st
     return {"step_model": step.to_dict(), "points": rows, "summary": error_summary(points, predicted, chosen)}
 
 
+def series(measured: list[dict[str, Any]], kind: str) -> list[StepPoint] | None:
+    """The measured steps of one series: "wall" (seconds) or "kernels" (None where not every step has one)."""
+    if kind == "wall":
+        return [StepPoint.from_dict(row) for row in measured]
+    if not all(row.get("kernel_seconds") for row in measured):
+        return None
+    return [StepPoint.from_dict({**row, "seconds": row["kernel_seconds"]}) for row in measured]
+
+
+def transfer(
+    target: list[StepPoint], reference: list[StepPoint], spec: ModelSpec, device: Device, ref_device: Device
+) -> dict[str, Any]:
+    """Calibrate on the reference device's run, predict the target device's steps and its speedup over the
+    reference, step by step (the paper's test: relative speedups across devices)."""
+    step = fit_step_model(choose_points(reference), spec, ref_device, PRECISION)
+    result = compare(target, spec, device, step)
+    by_shape = {shape(p): p for p in reference}
+    speedups = []
+    for row, p in zip(result["points"], target, strict=True):
+        ref = by_shape.get(shape(p))
+        if ref is None:
+            continue
+        measured = ref.seconds / p.seconds
+        predicted = predict(ref, spec, ref_device.with_step(step), PRECISION) / (row["predicted_ms"] / 1000)
+        row["measured_speedup"], row["predicted_speedup"] = measured, predicted
+        speedups.append((predicted / measured - 1) * 100)
+    result["reference_device"] = ref_device.name
+    result["speedup_error"] = {
+        "points": float(len(speedups)),
+        "mean_abs_pct": round(float(np.mean(np.abs(speedups))), 2),
+        "max_abs_pct": round(float(np.max(np.abs(speedups))), 2),
+        "bias_pct": round(float(np.mean(speedups)), 2),
+    }
+    return result
+
+
 def best_of(repeats: int, run: Callable[[], float]) -> float:
     """The fastest of `repeats` timed runs (after one untimed warm-up)."""
     run()
@@ -107,8 +149,11 @@ def best_of(repeats: int, run: Callable[[], float]) -> float:
 
 def time_steps(
     config: dict[str, Any], points: list[StepPoint], device_name: str, repeats: int
-) -> list[StepPoint]:
-    """Each point's batch timed on torch: one prefill forward, or one decode forward after a prefill."""
+) -> list[dict[str, Any]]:
+    """Each point's batch timed on torch: one prefill forward, or one decode forward after a prefill.
+
+    Every row is the point's shape with `seconds` (the fastest wall-clock time) and, on CUDA,
+    `kernel_seconds` (the summed kernel times of one more run under the profiler)."""
     import torch  # type: ignore[import-not-found]
     from transformers import AutoConfig, AutoModelForCausalLM  # type: ignore[import-not-found]
 
@@ -129,7 +174,24 @@ def time_steps(
         except TypeError:
             return model(input_ids=ids, use_cache=True, **kwargs)
 
-    timed = []
+    def kernel_seconds(run: Callable[[], Any]) -> float | None:
+        # Kernels only: the profiler's CUDA activity, summed (one stream, so no overlap to remove).
+        if dev.type != "cuda":
+            return None
+        from torch.profiler import ProfilerActivity, profile  # type: ignore[import-not-found]
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run()
+            sync()
+        total_us = 0.0
+        for event in prof.key_averages():
+            value = getattr(event, "self_device_time_total", None)
+            if value is None:
+                value = getattr(event, "self_cuda_time_total", 0.0)
+            total_us += float(value)
+        return total_us / 1e6 if total_us > 0 else None
+
+    timed: list[dict[str, Any]] = []
     with torch.inference_mode():
         for p in points:
             if p.prefill:
@@ -143,6 +205,7 @@ def time_steps(
                     return time.perf_counter() - t0
 
                 seconds = best_of(repeats, prefill)
+                kernels = kernel_seconds(lambda ids=ids: forward(ids))
             else:
                 batch, context = len(p.decode), p.decode[0]
                 out = forward(torch.randint(0, vocab, (batch, context), device=dev))
@@ -157,43 +220,157 @@ def time_steps(
                     sync()
                     steps.append(time.perf_counter() - t0)
                 seconds = min(steps[1:])
-            timed.append(StepPoint(seconds, p.prefill, p.decode, p.cached))
+                kernels = kernel_seconds(lambda s=step_ids, c=cache: forward(s, past_key_values=c))
+                del out, cache
+            row = {**StepPoint(seconds, p.prefill, p.decode, p.cached).to_dict(), "kernel_seconds": kernels}
+            timed.append(row)
+            shown = f", kernels {kernels * 1e3:.2f} ms" if kernels else ""
             print(
-                f"{kind_of(p)} {p.prefill or (len(p.decode), p.decode[0])}: {seconds * 1e3:.2f} ms",
+                f"{kind_of(p)} {p.prefill or (len(p.decode), p.decode[0])}: {seconds * 1e3:.2f} ms{shown}",
                 file=sys.stderr,
+                flush=True,
             )
     if dev.type == "cuda":
         torch.cuda.empty_cache()
     return timed
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def catalog_device(args: argparse.Namespace, on_cpu: bool) -> Device:
+    """The device the simulator predicts for: the host's CPU entry for --tiny or a CPU run, else --gpu."""
+    if on_cpu:
+        return host_cpu_device(memory_bandwidth_gbs=args.cpu_bandwidth)
+    return builtin_catalog()[args.gpu]
+
+
+def model_spec(name: str, tiny: bool) -> ModelSpec:
+    """The simulator's spec of a shipped model (shrunk as --tiny shrinks it)."""
+    config = shipped_config(name)
+    return spec_from_config(tiny_config(config) if tiny else config, name=name)
+
+
+def analyse(
+    doc: dict[str, Any], device: Device, tiny: bool, reference: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Fit and compare each model's stored measurements, the wall-clock series and the kernel series where the
+    run recorded one; with a `reference` run of another device, also predict this run from its calibration."""
+    doc["summary"], doc["kernel_summary"], doc["transfer_summary"] = {}, {}, {}
+    for name, model in doc["models"].items():
+        spec = model_spec(name, tiny)
+        measured = model["measured"]
+        for kind in ("wall", "kernels"):
+            points = series(measured, kind)
+            if points is None:
+                continue
+            model[kind] = compare(points, spec, device)
+            (doc["summary"] if kind == "wall" else doc["kernel_summary"])[name] = model[kind]["summary"]
+        if reference is None or name not in reference["models"]:
+            continue
+        ref_device = builtin_catalog()[reference["device"]]
+        kind = "kernels" if "kernels" in model else "wall"
+        ref_points = series(reference["models"][name]["measured"], kind)
+        if ref_points is None:
+            continue
+        model["transfer"] = transfer(series(measured, kind) or [], ref_points, spec, device, ref_device)
+        model["transfer"]["series"] = kind
+        doc["transfer_summary"][name] = {
+            **model["transfer"]["summary"],
+            "speedup": model["transfer"]["speedup_error"],
+        }
+    if reference is not None:
+        doc["reference"] = {"device": reference["device"], "torch_device": reference["torch_device"]}
+    return doc
+
+
+COLOURS = ("tab:blue", "tab:orange", "tab:green")
+
+
+def _scatter_panel(
+    ax: Any, series: dict[str, list[dict[str, Any]]], x: str, y: str, band: float, log: bool
+) -> tuple[float, float]:
+    """One panel: each model's rows as `y` against `x`, by kind, over the diagonal and a +-`band` strip."""
+    values: list[float] = []
+    for (name, rows), colour in zip(series.items(), COLOURS, strict=False):
+        for kind, marker in (("prefill", "o"), ("decode", "s")):
+            chosen = [r for r in rows if r["kind"] == kind]
+            ax.scatter(
+                [r[x] for r in chosen],
+                [r[y] for r in chosen],
+                marker=marker,
+                color=colour,
+                label=f"{name} {kind}",
+            )
+        values += [r[x] for r in rows] + [r[y] for r in rows]
+    lo, hi = (min(values) / 1.3, max(values) * 1.3) if log else (min(values) * 0.95, max(values) * 1.05)
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    strip = [lo * (1 - band), hi * (1 - band)], [lo * (1 + band), hi * (1 + band)]
+    ax.fill_between([lo, hi], *strip, color="0.9", label=f"within {band:.0%}", zorder=0)
+    ax.set(xlim=(lo, hi), ylim=(lo, hi))
+    if log:
+        ax.set(xscale="log", yscale="log")
+    ax.legend(loc="upper left", fontsize=7)
+    return lo, hi
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Predicted against measured step time (summed kernel times where recorded), each model calibrated on this
+    device; beside it, with a reference run, the predicted against the measured speedup over that device."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    transfers = {name: m["transfer"] for name, m in doc["models"].items() if "transfer" in m}
+    fig, axes = plt.subplots(1, 2 if transfers else 1, figsize=(11 if transfers else 5.5, 5), squeeze=False)
+    ax = axes[0][0]
+    rows = {name: (m.get("kernels") or m["wall"])["points"] for name, m in doc["models"].items()}
+    _scatter_panel(ax, rows, "measured_ms", "predicted_ms", 0.10, log=True)
+    cal = [r for points in rows.values() for r in points if r["calibration_point"]]
+    ax.scatter(
+        [r["measured_ms"] for r in cal],
+        [r["predicted_ms"] for r in cal],
+        s=160,
+        facecolors="none",
+        edgecolors="k",
+    )
+    ax.set(xlabel="measured (ms)", ylabel="predicted (ms)")
+    ax.set_title(f"Step time on {doc['device']}, calibrated there (circled: the 3 points)", fontsize=9)
+    if transfers:
+        ax = axes[0][1]
+        speeds = {name: [r for r in t["points"] if "measured_speedup" in r] for name, t in transfers.items()}
+        _scatter_panel(ax, speeds, "measured_speedup", "predicted_speedup", 0.06, log=False)
+        ref = doc.get("reference", {}).get("device", "reference")
+        ax.set(xlabel="measured speedup", ylabel="predicted speedup")
+        ax.set_title(f"{doc['device']} over {ref}, calibrated on {ref} only", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args: argparse.Namespace, reference: dict[str, Any] | None = None) -> dict[str, Any]:
     """Time and compare every model; the JSON document."""
     import torch
+    import transformers  # type: ignore[import-not-found]
 
     device_name = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.tiny or device_name == "cpu":
-        catalog_device = host_cpu_device(memory_bandwidth_gbs=args.cpu_bandwidth)
-    else:
-        catalog_device = builtin_catalog()[args.gpu]
+    device = catalog_device(args, args.tiny or device_name == "cpu")
     doc: dict[str, Any] = {
-        "device": catalog_device.name,
+        "device": device.name,
         "torch_device": torch.cuda.get_device_name() if device_name == "cuda" else "cpu",
         "tiny": args.tiny,
         "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "repeats": args.repeats,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "models": {},
-        "summary": {},
     }
     for name in args.models:
         config = shipped_config(name)
         if args.tiny:
             config = tiny_config(config)
-        spec = spec_from_config(config, name=name)
-        points = time_steps(config, grid(args.quick), device_name, args.repeats)
-        result = compare(points, spec, catalog_device)
-        doc["models"][name] = result
-        doc["summary"][name] = result["summary"]
-    return doc
+        doc["models"][name] = {"measured": time_steps(config, grid(args.quick), device_name, args.repeats)}
+        # Each model's measurements kept as soon as they exist: --reanalyse can finish a run cut short.
+        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    return analyse(doc, device, args.tiny, reference)
 
 
 def main() -> None:
@@ -205,11 +382,25 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="2 layers of hidden 64: a CPU smoke test")
     parser.add_argument("--quick", action="store_true", help="a handful of points instead of the grid")
     parser.add_argument("--cpu-bandwidth", type=float, default=20.0, help="GB/s for the CPU device entry")
+    parser.add_argument("--reanalyse", type=Path, help="fit again the measurements stored in this JSON file")
+    parser.add_argument(
+        "--reference", type=Path, help="a run on another device: calibrate there, predict this run's steps"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "gpu_validation.json")
     args = parser.parse_args()
-    doc = run(args)
+    reference = json.loads(args.reference.read_text()) if args.reference else None
+    if args.reanalyse:
+        doc = json.loads(args.reanalyse.read_text())
+        on_cpu = doc["tiny"] or doc["torch_device"] == "cpu"
+        device = catalog_device(args, on_cpu) if on_cpu else builtin_catalog()[doc["device"]]
+        doc = analyse(doc, device, doc["tiny"], reference)
+    else:
+        doc = run(args, reference)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps(doc["summary"], indent=2))
+    if not doc["tiny"]:
+        plot(doc, args.out.with_suffix(".png"))
+    shown = ("summary", "kernel_summary", "transfer_summary")
+    print(json.dumps({key: doc[key] for key in shown if doc.get(key)}, indent=2))
 
 
 if __name__ == "__main__":

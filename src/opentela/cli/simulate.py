@@ -39,15 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _measure(ns: argparse.Namespace, kind: str) -> Any:
     from opentela.engines.profiling import ProfileSettings, profile_engine
 
-    # A small grid: prefills from 64 to --max-length tokens and decode steps of one sequence; three are
-    # fitted, the others are reported as a check.
+    # A small grid: prefills from 64 to --max-length tokens and decode steps; three are fitted, the others are
+    # reported as a check. On a CPU one sequence of long context already shows decode attention; a GPU reads
+    # its weights so fast that only many sequences of long context do.
     settings = ProfileSettings(
         url=ns.url,
         model=ns.served_model or ns.model,
         device="cpu" if kind == "cpu" else "gpu",
         hardware=ns.gpu,
         max_length=ns.max_length,
-        max_batch=1,
+        max_batch=1 if kind == "cpu" else 16,
         repeat=3,
     )
     return asyncio.run(profile_engine(settings, lambda s: print(f"{s.kind} {s.length}", file=sys.stderr)))
@@ -76,7 +77,7 @@ def calibrate_command(ns: argparse.Namespace) -> dict[str, Any]:
     precision = Precision(ns.weights, ns.kv_dtype)
     profile = PerformanceProfile.load(Path(ns.profile)) if ns.profile else _measure(ns, device.kind)
     points = profile_points(profile)
-    chosen = choose_points(points, kind=device.kind)
+    chosen = choose_points(points)
     free, base = recipe(device.kind, ns.engine)
     step = fit_step_model(chosen, model, device, precision, ns.tp, free=free, base=base)
     path = Calibration(device.name, ns.engine, step, model.name, tuple(chosen)).save(step_model_dir(ns))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -20,13 +21,27 @@ from opentela.scheduler.models import ModelSpec
 from opentela.scheduler.roofline import Precision, step_time
 from opentela.scheduler.step_model import FITTABLE, StepModel
 
-DEFAULT_FREE = ("step_overhead_s", "gemm", "attention_prefill")
-"""What three points fit on a GPU: a short decode step, a mid and a long prefill."""
+DEFAULT_FREE = ("step_overhead_s", "gemm", "kv_traffic")
+"""What three points fit on a GPU: the smallest decode step (the per-step cost: hundreds of small kernels, and
+the weights read at the memory rate), the decode step holding the most context (the KV traffic of decode
+attention) and the longest prefill (the matrix products' rate).
+
+Measured on an H100 and an H200 (benchmarks/gpu_validation.py: Qwen3-1.7B and Llama-3.1-8B in bf16 on HF
+transformers' SDPA path, summed kernel times, 2026-11-27; docs/benchmarks/simulator.md):
+- Fitting prompt attention from a mid prefill instead (the earlier recipe) left decode steps of 16 sequences
+  at 1,500 tokens 26-33 % too fast, a mean error of 10-11 % on an H100.
+- Decode attention moves each cache byte 4.1-4.9 times there, on both devices and both models: that engine's
+  cache grows by concatenation, so each step copies it, and grouped-query heads are expanded before attention.
+  Fitted as a compute efficiency instead, the same steps fit as well on each device, but the calibration then
+  transfers worse from an H100 to an H200 (speedup errors 4.7-5.4 % mean against 3.0-3.9 %), because that
+  efficiency does not follow the memory bandwidth.
+- Prompt attention keeps the device's value: below 2,048 tokens it is a few percent of a prefill, and moving
+  it from 1.0 to 0.4 changed no figure by more than 0.5 points."""
 
 CPU_FREE = ("gemm", "attention_prefill", "attention_decode")
-"""What three points fit on a CPU: the smallest decode step (the matrix products, through the engine's vector
-rows where it has them), the decode step holding the most context (decode attention, which CPU kernels run far
-below their matrix rate) and the longest prefill (prompt attention, a third of its time or more)."""
+"""What the same three points fit on a CPU: the smallest decode step (the matrix products, through the engine's
+vector rows where it has them), the decode step holding the most context (decode attention, which CPU kernels
+run far below their matrix rate) and the longest prefill (prompt attention, a third of its time or more)."""
 
 LLAMA_CPP_ENGINES = frozenset({"embedded", "llama.cpp", "llamacpp", "llama-cpp", "llama-server"})
 """Engine names that run llama.cpp's kernels."""
@@ -154,7 +169,7 @@ def fit_step_model(
         raise ConfigError("measured step times must be positive")
 
     def model_at(x: np.ndarray) -> StepModel:
-        # Log space keeps efficiencies positive; the overhead is fitted in milliseconds, log(ms + 1e-6).
+        # Log space keeps the factors positive; the overhead is fitted in milliseconds, log(ms + 1e-6).
         values = {
             name: (math.exp(v) - 1e-6) / 1e3 if name == "step_overhead_s" else math.exp(v)
             for name, v in zip(free, x, strict=True)
@@ -169,18 +184,36 @@ def fit_step_model(
         predicted = np.array([predict(p, model, dev, precision, tp) for p in points])
         return np.log(predicted / measured)
 
-    name_is_overhead = np.array([name == "step_overhead_s" for name in free])
-    # Efficiencies within (1e-4, 2] of the catalog's peak; the overhead within (0, 10 s].
-    low = np.where(name_is_overhead, math.log(1e-6), math.log(1e-4))
-    high = np.where(name_is_overhead, math.log(1e4), math.log(2.0))
+    # Efficiencies within (1e-4, 2] of the catalog's peak; the overhead within (0, 10 s]; the KV traffic
+    # within [0.5, 50] reads of the cache.
+    bounds = {"step_overhead_s": (1e-6, 1e4), "kv_traffic": (0.5, 50.0)}
+    low = np.log([bounds.get(name, (1e-4, 2.0))[0] for name in free])
+    high = np.log([bounds.get(name, (1e-4, 2.0))[1] for name in free])
     best: tuple[np.ndarray, float] | None = None
     # The roofline's max() leaves flat regions (a class that turns memory-bound stops answering to its
     # efficiency): start from a few places and keep the best fit.
     # Distinct starting efficiencies per parameter: where two classes tie inside a max(), a forward difference
     # sees no change in either and the fit would never separate them.
     spread = -np.log(0.7) * np.arange(len(free))
-    for eff, ms in ((0.5, 1.0), (0.1, 0.1), (0.9, 5.0), (0.02, 0.5)):
-        guess = np.where(name_is_overhead, math.log(ms), math.log(eff) + spread)
+
+    def first_guess(eff: float, ms: float) -> np.ndarray:
+        values = [
+            math.log(ms)
+            if name == "step_overhead_s"
+            else math.log(2.0)
+            if name == "kv_traffic"
+            else math.log(eff) + spread[i]
+            for i, name in enumerate(free)
+        ]
+        return np.array(values)
+
+    starts = [first_guess(eff, ms) for eff, ms in ((0.5, 1.0), (0.1, 0.1), (0.9, 5.0), (0.02, 0.5))]
+    # Then a coarse grid: an operator class that only binds far below the others' rate (decode attention
+    # over a cache an engine copies every step, say) sits on a flat side of the max() from the starts above.
+    grid = {"step_overhead_s": (0.3, 3.0), "kv_traffic": (1.0, 4.0)}
+    for combo in itertools.product(*[grid.get(name, (0.5, 0.05, 0.005)) for name in free]):
+        starts.append(np.log(np.array(combo, dtype=float)))
+    for guess in starts:
         found = _levenberg_marquardt(residuals, guess, low, high)
         if best is None or found[1] < best[1]:
             best = found
@@ -221,27 +254,16 @@ def recipe(kind: str, engine: str) -> tuple[tuple[str, ...], StepModel | None]:
     return CPU_FREE, LLAMA_CPP_CPU if engine.lower() in LLAMA_CPP_ENGINES else None
 
 
-def choose_points(points: Sequence[StepPoint], mid_prefill: int = 512, kind: str = "gpu") -> list[StepPoint]:
-    """The three calibration points `recipe` needs for a device of `kind`.
-
-    GPU: the smallest decode step, the prefill nearest `mid_prefill` tokens and the longest prefill (what
-    `DEFAULT_FREE` needs to tell its parameters apart). CPU: the smallest decode step, the decode step with the
-    most context in total and the longest prefill (`CPU_FREE`).
-    """
+def choose_points(points: Sequence[StepPoint]) -> list[StepPoint]:
+    """The three calibration points `recipe` fits, on a GPU as on a CPU: the smallest decode step, the decode
+    step holding the most context in total, and the longest prefill."""
     decodes = [p for p in points if p.decode and not p.prefill]
     prefills = [p for p in points if p.prefill and not p.decode and not any(p.cached)]
-    if kind == "cpu":
-        if len(decodes) < 2 or not prefills:
-            raise ConfigError("calibration on a CPU needs two decode steps and a prefill")
-        small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))
-        most = max((p for p in decodes if p is not small), key=lambda p: (sum(p.decode), len(p.decode)))
-        return [small, most, max(prefills, key=lambda p: sum(p.prefill))]
-    if not decodes or len(prefills) < 2:
-        raise ConfigError("calibration needs at least one decode step and two prefill lengths")
+    if len(decodes) < 2 or not prefills:
+        raise ConfigError("calibration needs two decode steps (short and long context) and a prefill")
     small = min(decodes, key=lambda p: (len(p.decode), sum(p.decode)))
-    longest = max(prefills, key=lambda p: sum(p.prefill))
-    mid = min((p for p in prefills if p is not longest), key=lambda p: abs(sum(p.prefill) - mid_prefill))
-    return [small, mid, longest]
+    most = max((p for p in decodes if p is not small), key=lambda p: (sum(p.decode), len(p.decode)))
+    return [small, most, max(prefills, key=lambda p: sum(p.prefill))]
 
 
 PREFILL_GRID = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048)

@@ -110,7 +110,8 @@ def layer_operators(
     """The operators of ONE decoder layer for a batch: new prompts (or prompt chunks) of lengths `prefill`
     after `cached` tokens already in their KV caches (a prefix hit or earlier chunks; default none), and
     sequences decoding one token each whose KV caches hold `decode` tokens. `view` gives the engine's
-    micro-batch and KV padding (what attention runs over); its efficiencies play no part here."""
+    micro-batch, KV padding and KV traffic (what attention runs over and moves); its efficiencies play no
+    part here."""
     p = precision
     ab, kb, wb = (BYTES_PER_ELEMENT[x] for x in (p.activations, p.kv_cache, p.weights))
     t = float(sum(prefill) + len(decode))
@@ -133,9 +134,11 @@ def layer_operators(
     if decode:
         # One query per sequence runs the vector kernel, which skips masked cells: the context itself counts.
         ctx = float(np.sum(np.asarray(decode, dtype=float)))
-        # Each decoding sequence reads its whole KV cache: 2 (k, v) x ctx x kv_heads x hd.
+        # Each decoding sequence reads its whole KV cache, 2 (k, v) x ctx x kv_heads x hd, once or, where the
+        # engine copies its cache every step, `view.kv_traffic` times over.
         flops = 4 * ctx * q_heads * hd
-        moved = 2 * ctx * kv_heads * hd * kb + len(decode) * (2 * q_heads + 2 * kv_heads) * hd * ab
+        moved = 2 * ctx * kv_heads * hd * kb * view.kv_traffic
+        moved += len(decode) * (2 * q_heads + 2 * kv_heads) * hd * ab
         ops.append(Operator("attention_decode", flops, moved, p.activations, kind="attention_decode"))
     ops.append(_linear("o_proj", t, q_heads * hd, h, p, wb))
     if tp > 1:
@@ -277,7 +280,7 @@ class StepCost:
         decode_peak = peak * step.efficiency("attention_decode")
         prefill_peak = peak * step.efficiency("attention_prefill")
         self._decode_flops_ctx = layers * 4 * q_heads * hd / decode_peak
-        self._decode_bytes_ctx = layers * 2 * kv_heads * hd * kb / bw
+        self._decode_bytes_ctx = layers * 2 * kv_heads * hd * kb * step.kv_traffic / bw
         self._prefill_flops_n2 = layers * 2 * q_heads * hd / prefill_peak
         self._prefill_bytes_n = (
             layers * ((2 * q_heads + 2 * kv_heads) * hd * ab + 2 * kv_heads * hd * kb) / bw

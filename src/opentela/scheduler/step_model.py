@@ -29,6 +29,7 @@ FITTABLE = (
     "elementwise",
     "memory",
     "head",
+    "kv_traffic",
 )
 """The parameters a calibration may fit."""
 
@@ -64,6 +65,10 @@ class StepModel:
     as consecutive passes of at most this many rows; 0: one pass."""
     gemv_tie: float = 0.0
     """A calibration's tie: where `gemv` is not fitted, it is set to this multiple of `gemm`; 0: no tie."""
+    kv_traffic: float = 1.0
+    """How many times a decode step moves each byte of the KV cache it attends: 1 reads it once (paged
+    attention); an engine whose cache grows by concatenation also copies it every step (read, write, then read
+    by attention: about 3). Memory traffic, so it scales with a device's bandwidth, unlike an efficiency."""
     kv_pad: int = 0
     """Granularity of the KV view prompt attention runs over (llama.cpp pads it to 256 cells with flash
     attention): every query of a micro-batch attends the whole padded view, masked cells included (decode's
@@ -72,7 +77,7 @@ class StepModel:
     """Where the numbers come from (a calibration's points, a file)."""
 
     def __post_init__(self) -> None:
-        for name in FITTABLE[1:]:  # every fittable parameter but the step overhead is an efficiency
+        for name in FITTABLE[1:]:  # every fittable parameter but the step overhead is a positive factor
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ConfigError(f"step model: {name} must be positive, not {value}")

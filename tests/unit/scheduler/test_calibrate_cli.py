@@ -17,9 +17,7 @@ from opentela.scheduler.models import load_model
 from opentela.scheduler.step_model import StepModel
 
 MODEL = load_model("Qwen3-1.7B")
-TRUTH = builtin_catalog()["H100-SXM"].with_step(
-    StepModel(step_overhead_s=0.006, gemm=0.5, attention_prefill=0.3)
-)
+TRUTH = builtin_catalog()["H100-SXM"].with_step(StepModel(step_overhead_s=0.006, gemm=0.5, kv_traffic=3.0))
 
 
 def truth_profile() -> PerformanceProfile:
@@ -43,7 +41,8 @@ def test_points_come_from_a_profile_and_three_are_chosen() -> None:
     points = profile_points(truth_profile())
     assert len(points) == 6 + 12
     chosen = choose_points(points)
-    assert [p.prefill or len(p.decode) for p in chosen] == [1, (512,), (2048,)]
+    # The shortest decode step, the decode step holding the most context, the longest prompt.
+    assert [p.prefill or (len(p.decode), p.decode[0]) for p in chosen] == [(1, 64), (4, 2048), (2048,)]
 
 
 def test_calibrate_stores_a_step_model_that_simulate_then_uses(

@@ -35,22 +35,52 @@ CPU_PREFILL = {35: 104.2, 69: 219.0, 135: 411.0, 270: 875.2, 539: 1795.6, 1094: 
 CPU_DECODE = {1: 7.95, 2: 14.19, 4: 22.25, 8: 36.56}
 
 
+GPU_SHAPES = (
+    StepPoint(1.0, decode=(64,)),
+    StepPoint(1.0, decode=(1500,) * 16),
+    StepPoint(1.0, prefill=(8192,)),
+)
+"""The GPU recipe's three points: the smallest decode step, the one holding the most context, a long prompt."""
+
+
+def measured_on(dev: Device, shapes: tuple[StepPoint, ...] = GPU_SHAPES) -> list[StepPoint]:
+    """What `dev` (a device with a known step model) would measure for `shapes`."""
+    return [StepPoint(predict(p, QWEN, dev), p.prefill, p.decode) for p in shapes]
+
+
 def test_a_fit_recovers_the_model_that_made_the_points() -> None:
-    truth = StepModel(step_overhead_s=0.004, gemm=0.55, attention_prefill=0.35)
+    truth = StepModel(step_overhead_s=0.004, gemm=0.55, kv_traffic=3.0)
     dev = H100.with_step(truth)
-    points = [
-        StepPoint(predict(StepPoint(1.0, decode=(64,)), QWEN, dev), decode=(64,)),
-        StepPoint(predict(StepPoint(1.0, prefill=(512,)), QWEN, dev), prefill=(512,)),
-        StepPoint(predict(StepPoint(1.0, prefill=(8192,)), QWEN, dev), prefill=(8192,)),
-    ]
+    points = measured_on(dev)
     fitted = fit_step_model(points, QWEN, H100)
     assert fitted.step_overhead_s == pytest.approx(0.004, rel=1e-3)
     assert fitted.gemm == pytest.approx(0.55, rel=1e-3)
-    assert fitted.attention_prefill == pytest.approx(0.35, rel=1e-3)
+    assert fitted.kv_traffic == pytest.approx(3.0, rel=1e-3)
     assert "prefill 8192" in fitted.source
-    unseen = StepPoint(1.0, prefill=(2048,), decode=(1500,) * 16)
+    unseen = StepPoint(1.0, prefill=(2048,), decode=(1000,) * 8)
     assert predict(unseen, QWEN, H100.with_step(fitted)) == pytest.approx(
         predict(unseen, QWEN, dev), rel=1e-3
+    )
+
+
+def test_a_fit_finds_a_class_that_binds_far_below_the_others() -> None:
+    # Decode attention at a tiny compute efficiency: from the usual starting points that class sits on the
+    # memory side of its max(), where the fit sees no slope, and only the coarse grid of starts reaches it.
+    truth = StepModel(step_overhead_s=0.004, gemm=0.55, attention_decode=0.003)
+    points = measured_on(H100.with_step(truth))
+    fitted = fit_step_model(points, QWEN, H100, free=("step_overhead_s", "gemm", "attention_decode"))
+    assert (fitted.step_overhead_s, fitted.gemm, fitted.attention_decode) == pytest.approx(
+        (0.004, 0.55, 0.003), rel=1e-3
+    )
+
+
+def test_a_fit_of_prompt_attention_from_two_prefills() -> None:
+    truth = StepModel(step_overhead_s=0.004, gemm=0.55, attention_prefill=0.35)
+    shapes = (StepPoint(1.0, decode=(64,)), StepPoint(1.0, prefill=(512,)), StepPoint(1.0, prefill=(8192,)))
+    points = measured_on(H100.with_step(truth), shapes)
+    fitted = fit_step_model(points, QWEN, H100, free=("step_overhead_s", "gemm", "attention_prefill"))
+    assert (fitted.step_overhead_s, fitted.gemm, fitted.attention_prefill) == pytest.approx(
+        (0.004, 0.55, 0.35), rel=1e-3
     )
 
 

@@ -133,7 +133,7 @@ def test_the_llama_cpp_recipe_ties_the_vector_rows_and_fits_three_efficiencies()
     points = [StepPoint(predict(p, SMOL, dev, GGUF), p.prefill, p.decode) for p in grid]
     free, base = recipe("cpu", "embedded")
     assert base is not None and base.gemv_tie == 0.75 and free == CPU_FREE
-    chosen = choose_points(points, kind="cpu")
+    chosen = choose_points(points)
     assert [(p.prefill, len(p.decode)) for p in chosen] == [((), 1), ((), 16), ((2048,), 0)]
     assert chosen[1].decode[0] == 1500
     fitted = fit_step_model(chosen, SMOL, CPU, GGUF, free=free, base=base)

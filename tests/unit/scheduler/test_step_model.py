@@ -25,6 +25,7 @@ SKEWED = StepModel(
     attention_decode=0.3,
     elementwise=0.5,
     memory=0.8,
+    kv_traffic=3.0,
 )
 
 
@@ -35,6 +36,27 @@ def test_the_identity_is_the_pure_roofline() -> None:
             continue
         pure = max(op.flops / H100.peak(op.dtype), op.bytes / H100.bandwidth)
         assert op.time(H100) == pytest.approx(pure)
+
+
+def test_kv_traffic_multiplies_the_cache_bytes_decode_attention_moves() -> None:
+    plain = next(op for op in layer_operators(MODEL, decode=[1000, 3000]) if op.kind == "attention_decode")
+    copied = next(
+        op
+        for op in layer_operators(MODEL, decode=[1000, 3000], view=StepModel(kv_traffic=3.0))
+        if op.kind == "attention_decode"
+    )
+    per_seq = 2 * (2 * MODEL.num_heads + 2 * MODEL.num_kv_heads) * MODEL.head_dim * 2  # q, k, v, o in fp16
+    cache = plain.bytes - per_seq
+    assert copied.bytes - per_seq == pytest.approx(3 * cache)
+    assert copied.flops == plain.flops
+    # Traffic, not an efficiency: a device with more bandwidth runs the long-context decode step faster.
+    h200 = builtin_catalog()["H200"]
+    long = {"decode": [4000] * 16}
+    model = StepModel(kv_traffic=4.0)
+    speedup = step_time(MODEL, H100.with_step(model), **long) / step_time(
+        MODEL, h200.with_step(model), **long
+    )
+    assert speedup == pytest.approx(h200.bandwidth / H100.bandwidth, rel=0.02)
 
 
 def test_the_overhead_is_paid_once_per_step() -> None:

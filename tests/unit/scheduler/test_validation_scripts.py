@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from types import ModuleType
 import pytest
 
 from opentela.scheduler.calibration import StepPoint, predict
-from opentela.scheduler.hardware import host_cpu_device
+from opentela.scheduler.hardware import builtin_catalog, host_cpu_device
 from opentela.scheduler.models import spec_from_config
 from opentela.scheduler.step_model import StepModel
 
@@ -32,7 +33,7 @@ cpu = script("simulator_validation")
 CPU = host_cpu_device(
     threads=2, memory_bandwidth_gbs=20.0, cpuinfo="flags : avx512f avx512_vnni\ncpu MHz : 2600"
 )
-TRUTH = StepModel(step_overhead_s=0.004, gemm=0.1, attention_prefill=0.8)
+TRUTH = StepModel(step_overhead_s=0.004, gemm=0.1, kv_traffic=3.0)
 CPU_TRUTH = StepModel(
     gemv_rows=3,
     gemv=0.075,
@@ -62,8 +63,50 @@ def test_gpu_comparison_fits_three_points_and_predicts_the_rest() -> None:
     points = [StepPoint(predict(p, spec, truth, gpu.PRECISION), p.prefill, p.decode) for p in gpu.grid()]
     result = gpu.compare(points, spec, CPU)
     assert sum(r["calibration_point"] for r in result["points"]) == 3
-    assert result["summary"]["prefill"]["points"] == 7 and result["summary"]["decode"]["points"] == 14
+    assert result["summary"]["prefill"]["points"] == 8 and result["summary"]["decode"]["points"] == 13
     assert result["summary"]["all"]["max_abs_pct"] < 1.0
+
+
+def measured_rows(spec: StepModel, device_name: str, launch_s: float) -> list[dict]:
+    """The rows gpu_validation stores for the full Qwen3-1.7B grid on a catalog device with step model `spec`:
+    the kernel series, and a wall clock `launch_s` slower every step (Python launching the kernels)."""
+    model = spec_from_config(gpu.shipped_config("Qwen3-1.7B"), name="Qwen3-1.7B")
+    device = builtin_catalog()[device_name].with_step(spec)
+    rows = []
+    for p in gpu.grid():
+        kernels = predict(p, model, device, gpu.PRECISION)
+        rows.append(
+            {**StepPoint(kernels + launch_s, p.prefill, p.decode).to_dict(), "kernel_seconds": kernels}
+        )
+    return rows
+
+
+def test_a_calibration_on_one_gpu_predicts_another_and_the_speedup(tmp_path: Path) -> None:
+    # Same engine on two devices: the step model fitted on the H100's run predicts the H200's steps exactly,
+    # and so every step's speedup, from the kernel series.
+    truth = StepModel(step_overhead_s=0.003, gemm=0.4, kv_traffic=4.0)
+    h100 = {"device": "H100-SXM", "torch_device": "H100", "tiny": False, "models": {}}
+    h200 = {"device": "H200", "torch_device": "H200", "tiny": False, "models": {}}
+    h100["models"]["Qwen3-1.7B"] = {"measured": measured_rows(truth, "H100-SXM", 0.05)}
+    h200["models"]["Qwen3-1.7B"] = {"measured": measured_rows(truth, "H200", 0.05)}
+    doc = gpu.analyse(h200, builtin_catalog()["H200"], False, reference=h100)
+    moved = doc["models"]["Qwen3-1.7B"]["transfer"]
+    assert moved["series"] == "kernels" and moved["reference_device"] == "H100-SXM"
+    assert moved["summary"]["all"]["max_abs_pct"] < 0.5 and moved["speedup_error"]["max_abs_pct"] < 0.5
+    assert all(r["measured_speedup"] > 1.0 for r in moved["points"])
+    assert doc["kernel_summary"]["Qwen3-1.7B"]["all"]["max_abs_pct"] < 0.5
+    # The wall series (50 ms of launches more a step here) is fitted too, as its own model.
+    assert doc["summary"]["Qwen3-1.7B"]["all"]["max_abs_pct"] < 0.5
+    text = "\n".join(cpu.gpu_section([h200]))
+    assert "### H200 (H200)" in text and "| Qwen3-1.7B | speedup (24) |" in text
+    assert "Calibrated on the H100-SXM run instead" in text
+    gpu.plot(doc, tmp_path / "gpu.png")
+    assert (tmp_path / "gpu.png").stat().st_size > 1000
+    # Stored and read back (--reanalyse): the same figures without torch.
+    path = tmp_path / "h200.json"
+    path.write_text(json.dumps(doc))
+    again = gpu.analyse(json.loads(path.read_text()), builtin_catalog()["H200"], False, reference=h100)
+    assert again["transfer_summary"] == doc["transfer_summary"]
 
 
 def truth_rows() -> tuple[list[dict], list[dict], list[dict]]:
