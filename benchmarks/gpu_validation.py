@@ -7,8 +7,9 @@ prefill 512, prefill 2048) and reports the simulator's error on the others for t
 default). Needs torch and transformers (not among the project's dependencies).
 
 On CUDA each step is timed twice over: by the wall clock around an eager forward (what HF transformers pays,
-kernel launches from Python included) and by the sum of its kernels' times from the profiler (what an engine that
-replays CUDA graphs, such as vLLM's decode, comes close to). Each series gets its own fit.
+kernel launches from Python included) and by the sum of its kernels' times from the profiler (the GPU's own work,
+which an engine that replays CUDA graphs, such as vLLM's decode, approaches; graph replay itself is not timed).
+Each series gets its own fit.
 
 `--tiny` shrinks every config to 2 layers of hidden size 64 and runs on the CPU in seconds: a smoke test of the
 script itself, not a validation (the tests run the parts that need no torch). `--reanalyse FILE` fits again the
