@@ -11,10 +11,12 @@ import pytest
 from opentela.bench.traces import TraceRecord, write_trace
 from opentela.cli.main import main
 from opentela.engines.profile import PerformanceProfile
+from opentela.engines.simulated_config import SimulatedConfig
 from opentela.scheduler.calibration import StepPoint, choose_points, predict, profile_points
 from opentela.scheduler.hardware import builtin_catalog
 from opentela.scheduler.models import load_model
 from opentela.scheduler.step_model import StepModel
+from sim_engine_process import start_engine, stop_engine
 
 MODEL = load_model("Qwen3-1.7B")
 TRUTH = builtin_catalog()["H100-SXM"].with_step(StepModel(step_overhead_s=0.006, gemm=0.5, kv_traffic=3.0))
@@ -100,3 +102,22 @@ def test_simulate_feeds_a_traces_prefix_hashes_to_the_prefix_cache(
     doc = json.loads(capsys.readouterr().out)
     assert doc["metrics"]["ttft_mean"] < cold / 3
     assert doc["prompt_tokens_cached_share"] > 0.9
+
+
+def test_calibrate_measures_an_engine_at_a_url_on_a_gpu(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The simulated engine (a simulator, standing in for a GPU engine): decode gets slower with every other
+    # sequence decoding, so the GPU recipe's decode step holding the most context is one of many sequences.
+    proc, url = start_engine(SimulatedConfig(ttft_ms=8.0, itl_ms=4.0, itl_per_active_ms=0.5))
+    try:
+        argv = ["simulate", "calibrate", "--url", url + "/v1", "--served-model", "sim-model"]
+        argv += ["--model", "Qwen3-1.7B", "--gpu", "H100-SXM", "--engine", "vllm", "--max-length", "128"]
+        assert main([*argv, "--step-models", str(tmp_path)]) == 0
+    finally:
+        stop_engine(proc)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["fitted"] == ["step_overhead_s", "gemm", "kv_traffic"]
+    small, most, prompt = doc["calibration_points"]
+    assert len(small["decode"]) == 1 and len(most["decode"]) == 16 and prompt["prefill"] == [128]
+    assert Path(doc["stored"]).exists() and doc["mean_abs_error_pct"] is not None
