@@ -106,13 +106,24 @@ def compare(
     return {"step_model": step.to_dict(), "points": rows, "summary": error_summary(points, predicted, chosen)}
 
 
+SERIES = ("wall", "kernels", "graphs")
+"""The timings a run may hold: the eager wall clock, the eager kernel sum, and decode as CUDA graph replays on a
+static cache beside the prompts' kernel sums (the way engines such as vLLM run them)."""
+
+
 def series(measured: list[dict[str, Any]], kind: str) -> list[StepPoint] | None:
-    """The measured steps of one series: "wall" (seconds) or "kernels" (None where not every step has one)."""
+    """The measured steps of one of `SERIES` (None where the run did not record it for every step)."""
     if kind == "wall":
         return [StepPoint.from_dict(row) for row in measured]
     if not all(row.get("kernel_seconds") for row in measured):
         return None
-    return [StepPoint.from_dict({**row, "seconds": row["kernel_seconds"]}) for row in measured]
+    if kind == "kernels":
+        return [StepPoint.from_dict({**row, "seconds": row["kernel_seconds"]}) for row in measured]
+    decodes = [row for row in measured if row.get("decode")]
+    if not decodes or not all(row.get("graph_seconds") for row in decodes):
+        return None
+    key = {True: "graph_seconds", False: "kernel_seconds"}
+    return [StepPoint.from_dict({**row, "seconds": row[key[bool(row.get("decode"))]]}) for row in measured]
 
 
 def transfer(
@@ -148,42 +159,49 @@ def best_of(repeats: int, run: Callable[[], float]) -> float:
     return min(run() for _ in range(repeats))
 
 
-def time_steps(
-    config: dict[str, Any], points: list[StepPoint], device_name: str, repeats: int
-) -> list[dict[str, Any]]:
-    """Each point's batch timed on torch: one prefill forward, or one decode forward after a prefill.
+class StepTimer:
+    """One model built from a config on a torch device, and the ways its steps are timed."""
 
-    Every row is the point's shape with `seconds` (the fastest wall-clock time) and, on CUDA,
-    `kernel_seconds` (the summed kernel times of one more run under the profiler)."""
-    import torch  # type: ignore[import-not-found]
-    from transformers import AutoConfig, AutoModelForCausalLM  # type: ignore[import-not-found]
+    def __init__(self, config: dict[str, Any], device_name: str, repeats: int) -> None:
+        import torch  # type: ignore[import-not-found]
+        from transformers import AutoConfig, AutoModelForCausalLM  # type: ignore[import-not-found]
 
-    dev = torch.device(device_name)
-    dtype = torch.bfloat16
-    cfg = AutoConfig.for_model(**{**config, "torch_dtype": "bfloat16"})
-    with dev:
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").eval()
-    vocab = int(config["vocab_size"])
+        self.torch, self.repeats = torch, repeats
+        self.dev = torch.device(device_name)
+        self.cfg = AutoConfig.for_model(**{**config, "dtype": "bfloat16"})
+        with self.dev:
+            self.model = AutoModelForCausalLM.from_config(
+                self.cfg, dtype=torch.bfloat16, attn_implementation="sdpa"
+            ).eval()
+        self.vocab = int(config["vocab_size"])
 
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
+    def sync(self) -> None:
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize()
 
-    def forward(ids: Any, **kwargs: Any) -> Any:
-        try:  # only the last position's logits, as a serving engine samples
-            return model(input_ids=ids, logits_to_keep=1, use_cache=True, **kwargs)
-        except TypeError:
-            return model(input_ids=ids, use_cache=True, **kwargs)
+    def ids(self, batch: int, tokens: int) -> Any:
+        return self.torch.randint(0, self.vocab, (batch, tokens), device=self.dev)
 
-    def kernel_seconds(run: Callable[[], Any]) -> float | None:
-        # Kernels only: the profiler's CUDA activity, summed (one stream, so no overlap to remove).
-        if dev.type != "cuda":
+    def forward(self, ids: Any, **kwargs: Any) -> Any:
+        """One forward step, keeping only the last position's logits, as a serving engine samples."""
+        return self.model(input_ids=ids, logits_to_keep=1, use_cache=True, **kwargs)
+
+    def timed(self, run: Callable[[], Any]) -> float:
+        self.sync()
+        t0 = time.perf_counter()
+        run()
+        self.sync()
+        return time.perf_counter() - t0
+
+    def kernel_seconds(self, run: Callable[[], Any]) -> float | None:
+        """The summed kernel times of one `run` (the profiler's CUDA activity; one stream, so no overlap)."""
+        if self.dev.type != "cuda":
             return None
         from torch.profiler import ProfilerActivity, profile  # type: ignore[import-not-found]
 
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             run()
-            sync()
+            self.sync()
         total_us = 0.0
         for event in prof.key_averages():
             value = getattr(event, "self_device_time_total", None)
@@ -192,47 +210,107 @@ def time_steps(
             total_us += float(value)
         return total_us / 1e6 if total_us > 0 else None
 
+    def prefill(self, tokens: int) -> dict[str, Any]:
+        """A prompt of `tokens` in one forward: the fastest wall time and the kernel sum."""
+        ids = self.ids(1, tokens)
+        seconds = best_of(self.repeats, lambda: self.timed(lambda: self.forward(ids)))
+        return {"seconds": seconds, "kernel_seconds": self.kernel_seconds(lambda: self.forward(ids))}
+
+    def decode(self, batch: int, context: int) -> dict[str, Any]:
+        """One decode step of `batch` sequences of `context` tokens, on the model's default (dynamic) cache."""
+        cache = self.forward(self.ids(batch, context)).past_key_values
+        step_ids = self.ids(batch, 1)
+        # Each timed step appends one token to the cache: contexts grow by `repeats` + 1, negligible.
+        steps = [
+            self.timed(lambda: self.forward(step_ids, past_key_values=cache)) for _ in range(self.repeats + 1)
+        ]
+        kernels = self.kernel_seconds(lambda: self.forward(step_ids, past_key_values=cache))
+        return {"seconds": min(steps[1:]), "kernel_seconds": kernels}
+
+    def graph_decode(self, batch: int, context: int) -> dict[str, Any]:
+        """The same step on a static cache, captured once as a CUDA graph and replayed, as engines such as vLLM
+        decode: the replay's wall time, and the kernel sum of the same step run eagerly on that cache."""
+        from transformers import StaticCache  # type: ignore[import-not-found]
+
+        torch = self.torch
+        cache = StaticCache(config=self.cfg, max_cache_len=context + 8)
+        self.forward(
+            self.ids(batch, context),
+            past_key_values=cache,
+            cache_position=torch.arange(context, device=self.dev),
+        )
+        step_ids, position = self.ids(batch, 1), torch.tensor([context], device=self.dev)
+
+        def rewind() -> None:
+            # The static layers count what they hold and write there; set it back before every step so each
+            # step writes the same slot and the captured graph never runs past the cache.
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(context)
+
+        def step() -> Any:
+            return self.forward(step_ids, past_key_values=cache, cache_position=position)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                rewind()
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        rewind()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+
+        def replay() -> float:
+            rewind()
+            return self.timed(graph.replay)
+
+        seconds = best_of(self.repeats, replay)
+        rewind()
+        return {"graph_seconds": seconds, "static_kernel_seconds": self.kernel_seconds(step)}
+
+
+def time_steps(
+    config: dict[str, Any], points: list[StepPoint], device_name: str, repeats: int, graphs: bool = False
+) -> list[dict[str, Any]]:
+    """Each point's batch timed on torch: one prefill forward, or one decode forward after a prefill.
+
+    Every row is the point's shape with `seconds` (the fastest wall-clock time) and, on CUDA,
+    `kernel_seconds` (the summed kernel times of one more run under the profiler); with `graphs`, decode rows
+    also get `graph_seconds` and `static_kernel_seconds` (`StepTimer.graph_decode`), or `graph_error`."""
+    timer = StepTimer(config, device_name, repeats)
     timed: list[dict[str, Any]] = []
-    with torch.inference_mode():
+    with timer.torch.inference_mode():
         for p in points:
             if p.prefill:
-                ids = torch.randint(0, vocab, (1, p.prefill[0]), device=dev)
-
-                def prefill(ids: Any = ids) -> float:
-                    sync()
-                    t0 = time.perf_counter()
-                    forward(ids)
-                    sync()
-                    return time.perf_counter() - t0
-
-                seconds = best_of(repeats, prefill)
-                kernels = kernel_seconds(lambda ids=ids: forward(ids))
+                row = {**p.to_dict(), **timer.prefill(p.prefill[0])}
             else:
-                batch, context = len(p.decode), p.decode[0]
-                out = forward(torch.randint(0, vocab, (batch, context), device=dev))
-                cache = out.past_key_values
-                step_ids = torch.randint(0, vocab, (batch, 1), device=dev)
-                # Each timed step appends one token to the cache: contexts grow by `repeats` + 1, negligible.
-                steps = []
-                for _ in range(repeats + 1):
-                    sync()
-                    t0 = time.perf_counter()
-                    forward(step_ids, past_key_values=cache)
-                    sync()
-                    steps.append(time.perf_counter() - t0)
-                seconds = min(steps[1:])
-                kernels = kernel_seconds(lambda s=step_ids, c=cache: forward(s, past_key_values=c))
-                del out, cache
-            row = {**StepPoint(seconds, p.prefill, p.decode, p.cached).to_dict(), "kernel_seconds": kernels}
+                row = {**p.to_dict(), **timer.decode(len(p.decode), p.decode[0])}
+                if graphs and timer.dev.type == "cuda":
+                    try:
+                        row.update(timer.graph_decode(len(p.decode), p.decode[0]))
+                    except Exception as exc:  # the capture is the fragile part; keep the other series
+                        row["graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
             timed.append(row)
-            shown = f", kernels {kernels * 1e3:.2f} ms" if kernels else ""
+            shown = "".join(
+                f", {name} {row[key] * 1e3:.2f} ms"
+                for name, key in (
+                    ("kernels", "kernel_seconds"),
+                    ("graph", "graph_seconds"),
+                    ("static kernels", "static_kernel_seconds"),
+                )
+                if row.get(key)
+            )
+            error = f" ({row['graph_error']})" if "graph_error" in row else ""
+            label = p.prefill or (len(p.decode), p.decode[0])
             print(
-                f"{kind_of(p)} {p.prefill or (len(p.decode), p.decode[0])}: {seconds * 1e3:.2f} ms{shown}",
+                f"{kind_of(p)} {label}: {row['seconds'] * 1e3:.2f} ms{shown}{error}",
                 file=sys.stderr,
                 flush=True,
             )
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    if timer.dev.type == "cuda":
+        timer.torch.cuda.empty_cache()
     return timed
 
 
@@ -254,16 +332,18 @@ def analyse(
 ) -> dict[str, Any]:
     """Fit and compare each model's stored measurements, the wall-clock series and the kernel series where the
     run recorded one; with a `reference` run of another device, also predict this run from its calibration."""
-    doc["summary"], doc["kernel_summary"], doc["transfer_summary"] = {}, {}, {}
+    summaries = {"wall": "summary", "kernels": "kernel_summary", "graphs": "graph_summary"}
+    for key in (*summaries.values(), "transfer_summary"):
+        doc[key] = {}
     for name, model in doc["models"].items():
         spec = model_spec(name, tiny)
         measured = model["measured"]
-        for kind in ("wall", "kernels"):
+        for kind in SERIES:
             points = series(measured, kind)
             if points is None:
                 continue
             model[kind] = compare(points, spec, device)
-            (doc["summary"] if kind == "wall" else doc["kernel_summary"])[name] = model[kind]["summary"]
+            doc[summaries[kind]][name] = model[kind]["summary"]
         if reference is None or name not in reference["models"]:
             continue
         ref_device = builtin_catalog()[reference["device"]]
@@ -368,7 +448,8 @@ def run(args: argparse.Namespace, reference: dict[str, Any] | None = None) -> di
         config = shipped_config(name)
         if args.tiny:
             config = tiny_config(config)
-        doc["models"][name] = {"measured": time_steps(config, grid(args.quick), device_name, args.repeats)}
+        measured = time_steps(config, grid(args.quick), device_name, args.repeats, args.graphs)
+        doc["models"][name] = {"measured": measured}
         # Each model's measurements kept as soon as they exist: --reanalyse can finish a run cut short.
         args.out.write_text(json.dumps(doc, indent=2) + "\n")
     return analyse(doc, device, args.tiny, reference)
@@ -382,6 +463,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tiny", action="store_true", help="2 layers of hidden 64: a CPU smoke test")
     parser.add_argument("--quick", action="store_true", help="a handful of points instead of the grid")
+    parser.add_argument(
+        "--graphs", action="store_true", help="also time decode steps as CUDA graph replays on a static cache"
+    )
     parser.add_argument("--cpu-bandwidth", type=float, default=20.0, help="GB/s for the CPU device entry")
     parser.add_argument("--reanalyse", type=Path, help="fit again the measurements stored in this JSON file")
     parser.add_argument(
@@ -400,7 +484,7 @@ def main() -> None:
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     if not doc["tiny"]:
         plot(doc, args.out.with_suffix(".png"))
-    shown = ("summary", "kernel_summary", "transfer_summary")
+    shown = ("summary", "kernel_summary", "graph_summary", "transfer_summary")
     print(json.dumps({key: doc[key] for key in shown if doc.get(key)}, indent=2))
 
 

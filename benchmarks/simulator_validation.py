@@ -677,6 +677,20 @@ def _error_rows(model: str, summary: dict) -> list[str]:
     ]
 
 
+def _fit_line(model: str, result: dict) -> str:
+    """A fitted GPU step model in one line, with the three points it predicts worst."""
+    step = result["step_model"]
+    fitted = ", ".join(
+        f"{k} {step[k] * 1e3:.2f} ms" if k == "step_overhead_s" else f"{k} {step[k]:.3g}"
+        for k in ("step_overhead_s", "gemm", "attention_decode", "kv_traffic")
+        if step.get(k) is not None
+    )
+    others = [r for r in result["points"] if not r["calibration_point"]]
+    worst = sorted(others, key=lambda r: -abs(r["error_pct"]))[:3]
+    named = ", ".join(f"{describe_point(r)} {r['error_pct']:+.1f}%" for r in worst)
+    return f"- {model}: fitted {fitted}; farthest off: {named}."
+
+
 def gpu_section(runs: list[dict] | dict | None) -> list[str]:
     """The GPU validation runs (benchmarks/gpu_validation.py's JSON files), or why there are none yet."""
     lines = ["## On a GPU", ""]
@@ -708,7 +722,9 @@ def gpu_section(runs: list[dict] | dict | None) -> list[str]:
         "The GPU recipe fits the per-step cost, the matrix products' rate and `kv_traffic`: how many times a",
         "decode step moves each byte of the KV cache. A paged-attention engine reads it once; this one grows its",
         "cache by concatenation (a copy every step) and expands grouped-query heads before attention. That is",
-        "memory traffic, so it carries over to a device with more bandwidth, where an efficiency would not.",
+        "memory traffic, so it carries over to a device with more bandwidth, where an efficiency would not. On a",
+        "static cache the same library hands SDPA an explicit mask over the whole cache, which most likely rules",
+        "out its fastest kernel: `kv_traffic` fits far higher there.",
         "",
     ]
     for run in runs:
@@ -722,31 +738,47 @@ def gpu_section(runs: list[dict] | dict | None) -> list[str]:
                 f"Run started {run['started']}, the fastest of {run.get('repeats', '?')} timings a step.",
                 "",
             ]
-        source = kernels or run["summary"]
-        lines += [
-            "Calibrated on this device (" + ("summed kernel times" if kernels else "wall clock") + "):",
-            "",
-            "| model | points predicted | mean abs. error | worst |",
-            "|---|---|---:|---:|",
-        ]
-        for model, summary in source.items():
-            lines += _error_rows(model, summary)
-        lines.append("")
-        for model, data in run.get("models", {}).items():
-            result = data.get("kernels") or data.get("wall") or {}
-            step = result.get("step_model")
-            if not step:
-                continue
-            fitted = ", ".join(
-                f"{k} {step[k] * 1e3:.2f} ms" if k == "step_overhead_s" else f"{k} {step[k]:.3g}"
-                for k in ("step_overhead_s", "gemm", "attention_decode", "kv_traffic")
-                if step.get(k) is not None
+        tables = [("kernels", "kernel_summary", "Calibrated on this device (summed kernel times):")]
+        if not kernels:
+            tables = [("wall", "summary", "Calibrated on this device (wall clock):")]
+        if run.get("graph_summary"):
+            tables.append(
+                (
+                    "graphs",
+                    "graph_summary",
+                    "Decode replayed as CUDA graphs on a static cache instead (prompts by their kernel sums), "
+                    "calibrated the same way:",
+                )
             )
-            others = [r for r in result["points"] if not r["calibration_point"]]
-            worst = sorted(others, key=lambda r: -abs(r["error_pct"]))[:3]
-            named = ", ".join(f"{describe_point(r)} {r['error_pct']:+.1f}%" for r in worst)
-            lines.append(f"- {model}: fitted {fitted}; farthest off: {named}.")
-        lines.append("")
+        for series, key, title in tables:
+            lines += [
+                title,
+                "",
+                "| model | points predicted | mean abs. error | worst |",
+                "|---|---|---:|---:|",
+            ]
+            for model, summary in run[key].items():
+                lines += _error_rows(model, summary)
+            lines.append("")
+            lines += [
+                _fit_line(model, data[series])
+                for model, data in run.get("models", {}).items()
+                if series in data
+            ]
+            lines.append("")
+        gaps = [
+            1000 * (row["graph_seconds"] - row["static_kernel_seconds"])
+            for data in run.get("models", {}).values()
+            for row in data.get("measured", [])
+            if row.get("graph_seconds") and row.get("static_kernel_seconds")
+        ]
+        if gaps:
+            lines += [
+                f"A graph's replay took {min(gaps):.2f}-{max(gaps):.2f} ms (median {float(np.median(gaps)):.2f}) "
+                "more than the same step's kernels run eagerly on that cache: launching the graph and the gaps "
+                "between its kernels, which the fitted per-step cost absorbs.",
+                "",
+            ]
         if run.get("plot"):
             lines += [f"![predicted against measured on {run['device']}]({run['plot']})", ""]
         transfer = run.get("transfer_summary") or {}

@@ -36,7 +36,10 @@ transformers' SDPA path, summed kernel times, 2026-11-27; docs/benchmarks/simula
   transfers worse from an H100 to an H200 (speedup errors 4.7-5.4 % mean against 3.0-3.9 %), because that
   efficiency does not follow the memory bandwidth.
 - Prompt attention keeps the device's value: below 2,048 tokens it is a few percent of a prefill, and moving
-  it from 1.0 to 0.4 changed no figure by more than 0.5 points."""
+  it from 1.0 to 0.4 changed no figure by more than 0.5 points.
+- The same recipe fits decode replayed as CUDA graphs on a static cache (a second H100 run): 4.8-7.6 % mean
+  error, `kv_traffic` 11-20 there (that library masks the whole static cache, most likely losing SDPA's
+  fastest kernel), and the per-step cost 1.5-1.7 ms higher (the graph's launch and the gaps between kernels)."""
 
 CPU_FREE = ("gemm", "attention_prefill", "attention_decode")
 """What the same three points fit on a CPU: the smallest decode step (the matrix products, through the engine's

@@ -81,6 +81,29 @@ def measured_rows(spec: StepModel, device_name: str, launch_s: float) -> list[di
     return rows
 
 
+def test_graph_replays_make_their_own_series_with_the_prompts_kernel_sums() -> None:
+    # Eager decode copies its cache (kv_traffic 4); graph replays on a static cache read it once.
+    eager, static = StepModel(0.003, gemm=0.4, kv_traffic=4.0), StepModel(0.003, gemm=0.4, kv_traffic=1.0)
+    rows = measured_rows(eager, "H100-SXM", 0.05)
+    for row, graphed in zip(rows, measured_rows(static, "H100-SXM", 0.0), strict=True):
+        if row.get("decode"):
+            row["graph_seconds"] = graphed["kernel_seconds"]
+    doc = {
+        "device": "H100-SXM",
+        "torch_device": "H100",
+        "tiny": False,
+        "models": {"Qwen3-1.7B": {"measured": rows}},
+    }
+    doc = gpu.analyse(doc, builtin_catalog()["H100-SXM"], False)
+    model = doc["models"]["Qwen3-1.7B"]
+    assert model["graphs"]["step_model"]["kv_traffic"] == pytest.approx(1.0, rel=1e-3)
+    assert model["kernels"]["step_model"]["kv_traffic"] == pytest.approx(4.0, rel=1e-3)
+    assert doc["graph_summary"]["Qwen3-1.7B"]["all"]["max_abs_pct"] < 0.5
+    # A run where a capture failed has no graph series.
+    del rows[-1]["graph_seconds"]
+    assert gpu.series(rows, "graphs") is None and gpu.series(rows, "kernels") is not None
+
+
 def test_a_calibration_on_one_gpu_predicts_another_and_the_speedup(tmp_path: Path) -> None:
     # Same engine on two devices: the step model fitted on the H100's run predicts the H200's steps exactly,
     # and so every step's speedup, from the kernel series.
