@@ -347,16 +347,19 @@ def analyse(
         if reference is None or name not in reference["models"]:
             continue
         ref_device = builtin_catalog()[reference["device"]]
-        kind = "kernels" if "kernels" in model else "wall"
-        ref_points = series(reference["models"][name]["measured"], kind)
-        if ref_points is None:
-            continue
-        model["transfer"] = transfer(series(measured, kind) or [], ref_points, spec, device, ref_device)
-        model["transfer"]["series"] = kind
-        doc["transfer_summary"][name] = {
-            **model["transfer"]["summary"],
-            "speedup": model["transfer"]["speedup_error"],
-        }
+        # The main series (kernel sums, else the wall clock), then graph replays where both runs have them.
+        for kind, key, summary in (
+            ("kernels" if "kernels" in model else "wall", "transfer", "transfer_summary"),
+            ("graphs", "graph_transfer", "graph_transfer_summary"),
+        ):
+            ref_points, points = series(reference["models"][name]["measured"], kind), series(measured, kind)
+            if ref_points is None or points is None:
+                continue
+            model[key] = {**transfer(points, ref_points, spec, device, ref_device), "series": kind}
+            doc.setdefault(summary, {})[name] = {
+                **model[key]["summary"],
+                "speedup": model[key]["speedup_error"],
+            }
     if reference is not None:
         doc["reference"] = {"device": reference["device"], "torch_device": reference["torch_device"]}
     return doc

@@ -112,17 +112,27 @@ def test_a_calibration_on_one_gpu_predicts_another_and_the_speedup(tmp_path: Pat
     h200 = {"device": "H200", "torch_device": "H200", "tiny": False, "models": {}}
     h100["models"]["Qwen3-1.7B"] = {"measured": measured_rows(truth, "H100-SXM", 0.05)}
     h200["models"]["Qwen3-1.7B"] = {"measured": measured_rows(truth, "H200", 0.05)}
+    for run in (
+        h100,
+        h200,
+    ):  # graph replays: the same steps, as the same engine on a static cache would run them
+        for row in run["models"]["Qwen3-1.7B"]["measured"]:
+            if row.get("decode"):
+                row["graph_seconds"] = row["kernel_seconds"]
     doc = gpu.analyse(h200, builtin_catalog()["H200"], False, reference=h100)
     moved = doc["models"]["Qwen3-1.7B"]["transfer"]
     assert moved["series"] == "kernels" and moved["reference_device"] == "H100-SXM"
     assert moved["summary"]["all"]["max_abs_pct"] < 0.5 and moved["speedup_error"]["max_abs_pct"] < 0.5
     assert all(r["measured_speedup"] > 1.0 for r in moved["points"])
+    graphs = doc["models"]["Qwen3-1.7B"]["graph_transfer"]
+    assert graphs["series"] == "graphs" and graphs["speedup_error"]["max_abs_pct"] < 0.5
     assert doc["kernel_summary"]["Qwen3-1.7B"]["all"]["max_abs_pct"] < 0.5
     # The wall series (50 ms of launches more a step here) is fitted too, as its own model.
     assert doc["summary"]["Qwen3-1.7B"]["all"]["max_abs_pct"] < 0.5
     text = "\n".join(cpu.gpu_section([h200]))
     assert "### H200 (H200)" in text and "| Qwen3-1.7B | speedup (24) |" in text
     assert "Calibrated on the H100-SXM run instead" in text
+    assert "calibrated on the H100-SXM run's graph replays" in text
     gpu.plot(doc, tmp_path / "gpu.png")
     assert (tmp_path / "gpu.png").stat().st_size > 1000
     # Stored and read back (--reanalyse): the same figures without torch.
