@@ -25,6 +25,7 @@ from opentela.fabric.addresses import format_addr, parse_addr
 from opentela.fabric.admission import Admission, admission_from_config
 from opentela.fabric.bootstrap import bootstrap
 from opentela.fabric.connection_manager import BOOTSTRAP, RELAY, ConnectionManager
+from opentela.fabric.dialing import Target, race
 from opentela.fabric.handshake import check_server_certificate, client_handshake, server_handshake
 from opentela.fabric.identity import Identity
 from opentela.fabric.join_tokens import Grant
@@ -44,9 +45,6 @@ from opentela.fabric.tls import TlsMaterial
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Stream], Awaitable[None]]
-_Target = tuple[str, int, PeerId | None]
-
-_STAGGER = 0.25  # happy-eyeballs delay before racing the next address of the same peer
 _CLOSE_TIMEOUT = 2.0
 _NEVER = 10 * 365 * 86400.0  # token expiries further away than this are not worth a timer (nor its overflow)
 
@@ -196,7 +194,7 @@ class Host:
         conn = self._conns.get(peer_id)
         if conn is not None and conn.usable:
             return conn.open_stream(protocol)  # the hot path: no await, no allocation beyond the stream
-        targets: list[_Target] = []
+        targets: list[Target] = []
         circuits = [a for a in addrs if is_circuit(a)]
         for addr in addrs:
             if is_circuit(addr):
@@ -329,9 +327,7 @@ class Host:
         self._register(conn, grant)
 
     # --- outbound -------------------------------------------------------------------------------------------
-    async def _connect(
-        self, expected: PeerId | None, targets: list[_Target], timeout: float | None
-    ) -> PeerId:
+    async def _connect(self, expected: PeerId | None, targets: list[Target], timeout: float | None) -> PeerId:
         if self._closed:
             raise ConnectionClosedError("the host is closed")
         if expected is not None:
@@ -358,13 +354,13 @@ class Host:
         if self._dialing.get(key) is task:
             del self._dialing[key]
 
-    async def _dial(self, expected: PeerId | None, targets: list[_Target], deadline: float) -> PeerId:
+    async def _dial(self, expected: PeerId | None, targets: list[Target], deadline: float) -> PeerId:
         remaining = list(targets)
         errors: list[BaseException] = []
         while remaining:
             try:
                 async with asyncio.timeout_at(deadline):
-                    won = await self._race(remaining, errors)
+                    won = await race(lambda: self._new_conn(initiator=True), remaining, errors)
             except TimeoutError:
                 errors.append(DialTimeout("timed out"))
                 break
@@ -502,64 +498,6 @@ class Host:
             return await request_dial_back(stream, list(addrs))
         finally:
             await stream.aclose()
-
-    async def _race(
-        self, targets: list[_Target], errors: list[BaseException]
-    ) -> tuple[MuxConnection, _Target] | None:
-        """Open TLS to `targets` (happy eyeballs: the next starts after a short delay or a failure); the first
-        to succeed wins. Each target tried is removed from `targets`, its error added to `errors`."""
-        attempts: dict[asyncio.Task[MuxConnection], _Target] = {}
-        pending = list(targets)
-        try:
-            while True:
-                if pending:
-                    target = pending.pop(0)
-                    targets.remove(target)
-                    attempts[self._loop.create_task(self._open_tls(target[0], target[1]))] = target
-                if not attempts:
-                    return None
-                done, _ = await asyncio.wait(
-                    attempts, timeout=_STAGGER if pending else None, return_when=asyncio.FIRST_COMPLETED
-                )
-                winner: tuple[MuxConnection, _Target] | None = None
-                for task in done:
-                    target = attempts.pop(task)
-                    exc = task.exception()
-                    if exc is not None:
-                        errors.append(exc)
-                    elif winner is None:
-                        winner = (task.result(), target)
-                    else:
-                        task.result().abort()
-                if winner is not None:
-                    return winner
-        finally:
-            for task, target in attempts.items():
-                task.cancel()
-                targets.append(target)  # interrupted, not failed: still worth a try
-            for result in await asyncio.gather(*attempts, return_exceptions=True):
-                if isinstance(result, MuxConnection):
-                    result.abort()
-
-    async def _open_tls(self, host: str, port: int) -> MuxConnection:
-        conn = self._new_conn(initiator=True)
-        where = format_addr(host, port)
-        try:
-            await self._loop.create_connection(lambda: conn, host, port)
-        except OSError as exc:
-            raise PeerUnreachableError(f"{where}: {exc.strerror or exc}") from exc
-        try:
-            await conn.secure
-        except BaseException:
-            conn.abort()
-            raise
-        if conn.error is not None:
-            if isinstance(conn.error, HandshakeError) and conn.error.details.get("timeout"):
-                raise DialTimeout(f"TLS with {where} did not finish in time")
-            if isinstance(conn.error, HandshakeError):
-                raise HandshakeError(f"TLS with {where} failed: {conn.error}") from conn.error
-            raise PeerUnreachableError(f"{where} closed the connection during TLS: {conn.error}")
-        return conn
 
     # --- connection bookkeeping -----------------------------------------------------------------------------
     def _register(self, conn: MuxConnection, grant: Grant | None = None) -> None:
