@@ -1176,12 +1176,15 @@ def main() -> None:
     gpu_runs = sorted((ROOT / "docs" / "benchmarks").glob("gpu_validation*.json"))
     if gpu_runs:
         doc["gpu"] = [
-            {**json.loads(path.read_text()), "plot": path.with_suffix(".png").name}
+            {**json.loads(path.read_text()), "file": path.name, "plot": path.with_suffix(".png").name}
             for path in gpu_runs
             if path.with_suffix(".png").exists()
         ]
     out.mkdir(parents=True, exist_ok=True)
-    (out / "simulator_validation.json").write_text(json.dumps(doc, indent=2) + "\n")
+    # The GPU runs keep their own JSON files; this one names them and keeps their summaries.
+    slim = [{k: v for k, v in run.items() if k != "models"} for run in doc.get("gpu", [])]
+    saved = {**doc, "gpu": slim} if slim else doc
+    (out / "simulator_validation.json").write_text(json.dumps(saved, indent=2) + "\n")
     (out / "simulator.md").write_text(markdown(doc))
     plot(doc, out / "simulator_validation.png")
     print(json.dumps(doc["summary"], indent=2))
