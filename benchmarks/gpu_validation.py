@@ -2,20 +2,23 @@
 
 Builds Llama-3.1-8B and Qwen3-1.7B from the shipped `config.json` files with random weights (transformers
 `from_config`, bf16, SDPA attention), times prefill steps of 16 to 2048 tokens and decode steps of batches 1 to 16
-at contexts of 64 to 1500 tokens (the CPU validation's grid), fits the step model on three points (decode 1x64,
-prefill 512, prefill 2048) and reports the simulator's error on the others for the catalog device (H100-SXM by
-default). Needs torch and transformers (not among the project's dependencies).
+at contexts of 64 to 1500 tokens (the CPU validation's grid), fits the step model on the three points
+`otela simulate calibrate` chooses (the smallest decode step, the decode step holding the most context, the
+longest prefill) and reports the simulator's error on the others for the catalog device (H100-SXM by default).
+Needs torch and transformers (not among the project's dependencies).
 
 On CUDA each step is timed twice over: by the wall clock around an eager forward (what HF transformers pays,
-kernel launches from Python included) and by the sum of its kernels' times from the profiler (the GPU's own work,
-which an engine that replays CUDA graphs, such as vLLM's decode, approaches; graph replay itself is not timed).
-Each series gets its own fit.
+kernel launches from Python included) and by the sum of its kernels' times from the profiler (the GPU's own
+work). With `--graphs`, each decode step is also captured once as a CUDA graph on a static cache and its replay
+timed, as engines such as vLLM decode. Each series gets its own fit. With `--reference RUN.json` (a run on
+another device) the script also calibrates on that run and predicts this one's steps and its speedup over it.
 
 `--tiny` shrinks every config to 2 layers of hidden size 64 and runs on the CPU in seconds: a smoke test of the
 script itself, not a validation (the tests run the parts that need no torch). `--reanalyse FILE` fits again the
 measurements an earlier run stored, with no torch and no GPU.
 
-    python benchmarks/gpu_validation.py [--gpu H100-SXM] [--repeats 5]
+    python benchmarks/gpu_validation.py [--gpu H100-SXM] [--repeats 5] [--graphs]
+    python benchmarks/gpu_validation.py --gpu H200 --reference docs/benchmarks/gpu_validation.json --out h200.json
     python benchmarks/gpu_validation.py --tiny --device cpu --out /tmp/gpu_validation.json
     python benchmarks/gpu_validation.py --reanalyse docs/benchmarks/gpu_validation.json
 """
