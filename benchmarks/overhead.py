@@ -4,8 +4,10 @@ with a per-stage breakdown, the highest rate one ingress sustains, and LiteLLM's
 Runs real processes on loopback: an ingress (with Server-Timing on, so each answer carries its stage times), one
 worker whose engine is the simulated engine with a fixed latency (so model speed does not hide the overhead), a
 LiteLLM proxy passing through to the same engine (installed into .bench-venv/ on first use), and this client.
-Each measurement interleaves the path under test with direct calls, so both see the same machine load. Prints
-JSON and writes docs/benchmarks/overhead.{json,md}.
+Each measurement interleaves the path under test with direct calls, so both see the same machine load. A floor
+is measured the same way: two bare byte relays (`_byte_relay.py`, one process each, no TLS and no parsing) in
+front of the same engine, the least two extra user-space processes on the path can cost. Prints JSON and writes
+docs/benchmarks/overhead.{json,md}.
 
     python benchmarks/overhead.py [--requests 1000] [--rates 1,4,16,64] [--seconds 15] [--no-litellm]
                                   [--max-rate-seconds 8 (0 skips the highest-rate search)]
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -40,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -365,8 +368,12 @@ async def run(args: argparse.Namespace) -> dict:
             await mesh.wait_serving(MODEL, 1, timeout=60)
             direct = Path_("direct", f"http://127.0.0.1:{engine_port}/v1/chat/completions")
             via_mesh = Path_("mesh", f"{mesh.api}/chat/completions")
-            async with _maybe_litellm(args, engine_port, Path(tmp)) as via_litellm:
-                paths = [direct, via_mesh] + ([via_litellm] if via_litellm else [])
+            async with (
+                byte_relays(engine_port) as relay_port,
+                _maybe_litellm(args, engine_port, Path(tmp)) as via_litellm,
+            ):
+                via_relays = Path_(FLOOR, f"http://127.0.0.1:{relay_port}/v1/chat/completions")
+                paths = [direct, via_mesh, via_relays] + ([via_litellm] if via_litellm else [])
                 connector = aiohttp.TCPConnector(limit=1024)
                 async with aiohttp.ClientSession(connector=connector) as http:
                     print("warming up...", file=sys.stderr)
@@ -413,6 +420,36 @@ async def run(args: argparse.Namespace) -> dict:
         "profile": profile,
         "ttft_ms": args.ttft_ms,
     }
+
+
+FLOOR = "2 byte relays"
+"""The floor path's name: two bare relay processes between the client and the engine."""
+
+
+@contextlib.asynccontextmanager
+async def byte_relays(engine_port: int) -> AsyncIterator[int]:
+    """Two `_byte_relay.py` processes in a row in front of the engine; yields the first one's port."""
+    relay = str(Path(__file__).resolve().parent / "_byte_relay.py")
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        upstream = engine_port
+        for _ in range(2):
+            port = free_port()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, relay, str(port), str(upstream), stdout=asyncio.subprocess.PIPE
+            )
+            procs.append(proc)
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=30)
+            if b"listening" not in line:
+                raise RuntimeError(f"the byte relay on port {port} did not start")
+            upstream = port
+        yield upstream
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 def simulated_engine(port: int, ttft_ms: float) -> list[str]:
@@ -822,6 +859,14 @@ def _verdict(result: dict) -> list[str]:
             f"| LiteLLM proxy added p50 / p99 at 16 req/s (same run) | mesh >= 10x lower p50 | "
             f"{ll[16]['added_p50_ms']} / {ll[16]['added_p99_ms']} ms | mesh: {at16['added_p50_ms']} / "
             f"{at16['added_p99_ms']} ms ({_times(ll[16], at16)} lower p50, {met(_times(ll[16], at16) >= 10)}) |"
+        )
+    floor = next((r for r in result["sequential"] if r["path"] == FLOOR), None)
+    if floor:
+        lines.append(
+            f"| the floor, sequential: two bare byte relays (same run) | - | {floor['added_p50_ms']} / "
+            f"{floor['added_p99_ms']} ms added p50 / p99"
+            + (f" = {floor['added_p50_hops']} hops" if "added_p50_hops" in floor else "")
+            + f" | mesh above it: {round(seq['added_p50_ms'] - floor['added_p50_ms'], 3)} ms p50 |"
         )
     m = result["machine"]
     lines += [

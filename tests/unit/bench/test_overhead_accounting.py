@@ -6,6 +6,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import aiohttp
+from aiohttp import web
+
+from opentela.cli.localmesh import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -60,6 +65,35 @@ def test_the_report_judges_hops_and_litellm() -> None:
     text = "\n".join(overhead._verdict(result))
     assert "| added p50 sequential, in hops (hop 1.5 ms, same run) | <= 1.3 hops | 1.2 | met |" in text
     assert "10.6 lower p50, met" in text
+    assert "the floor" not in text
+    floor = {"path": overhead.FLOOR, "added_p50_ms": 0.3, "added_p99_ms": 0.5, "added_p50_hops": 0.2}
+    result["sequential"].append(floor)
+    text = "\n".join(overhead._verdict(result))
+    expected = "two bare byte relays (same run) | - | 0.3 / 0.5 ms added p50 / p99 = 0.2 hops | mesh above it: 1.5 ms"
+    assert expected in text
+
+
+async def test_two_byte_relays_carry_http_both_ways_on_kept_alive_connections() -> None:
+    async def echo(request: web.Request) -> web.Response:
+        return web.json_response({"got": len(await request.read()), "peer": request.remote})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", echo)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        async with overhead.byte_relays(port) as relay_port, aiohttp.ClientSession() as http:
+            path = overhead.Path_(overhead.FLOOR, f"http://127.0.0.1:{relay_port}/v1/chat/completions")
+            for _ in range(3):
+                elapsed, _stages = await path.post(http)
+                assert 0 < elapsed < 5
+            async with http.post(path.url, data=b"x" * 70_000) as resp:
+                assert (await resp.json())["got"] == 70_000
+            assert len(http.connector._conns) == 1  # type: ignore[union-attr]  # one pooled connection, reused
+    finally:
+        await runner.cleanup()
 
 
 class _FixedPath(overhead.Path_):
