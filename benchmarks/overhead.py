@@ -773,23 +773,32 @@ def render_markdown(result: dict) -> str:
             "",
             f"- The ingress's own work per request (ingress + lookup + forward) is about {own} ms; routing itself (the",
             f"  registry read, trust, constraints, cooldown and the policy) is {b['lookup']} ms. The rest of the added",
-            "  latency is two more processes on the path (the ingress and the serving node): their HTTP and tunnel",
-            "  I/O, and above all their wake-ups. On a 2-core machine shared with other work, each wake-up can wait",
-            "  for a core, which is what *node+fabric* and *return+HTTP* mostly measure here; at 1-4 req/s every",
+            "  latency is two more processes on the path (the ingress and the serving node): their wake-ups and",
+            "  loopback transits, and the work each does per request (HTTP, the tunnel, TLS). At 1-4 req/s every",
             "  hop also starts from an idle process (CPU wake-up, cold caches), which is why low rates cost more.",
             "- TCP_NODELAY is not the cause: asyncio and uvloop set it on every TCP socket they accept or connect",
             "  (checked on both loops), and complete answers already travel as one frame with their head.",
         ]
+        floor = next((r for r in result["sequential"] if r["path"] == FLOOR), None)
+        mesh_seq = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
+        if floor and mesh_seq:
+            above = round(mesh_seq["added_p50_ms"] - floor["added_p50_ms"], 3)
+            lines += [
+                "- Two bare byte relays in the same place (two processes that only copy bytes) add "
+                f"{floor['added_p50_ms']} ms",
+                "  at the median one request at a time: what two extra wake-ups and loopback transits each way cost",
+                f"  on this machine. The mesh's {above} ms above that floor is the work its two processes do per",
+                "  request, most of it Python (\"Where the CPU goes\", in runs with --profile).",
+            ]
         if "node" in b:
             lines += [
                 f"- The serving node's own work is {b['node']} ms (reading the tunnel request, choosing the engine,",
                 "  writing the request to it, encoding the answer's head); *engine*, which includes the node's hop to",
                 f"  the engine (the lean client, over a Unix socket), is {b['engine']} ms against {b['direct_total']}",
                 "  ms for the benchmark's own client calling the engine directly. What is left of *node+fabric*,",
-                f"  {b['fabric']} ms, is the two tunnel transits: the writes, TLS, and waking the process at the other",
-                "  end. The fabric's round trip between two processes that are already awake is about 0.2 ms",
-                "  (`benchmarks/fabric_rtt.py`); the difference is the wake-ups of processes that slept while the",
-                "  engine worked, which no user-space code removes.",
+                f"  {b['fabric']} ms, is the two tunnel transits: the writes, TLS, the reads and the mux on the other",
+                "  end, and waking it. The fabric's round trip between two processes that are already awake is about",
+                "  0.2 ms (`benchmarks/fabric_rtt.py`).",
             ]
     busy = [s for s in (result.get("max_rate") or {}).get("steps", []) if s["rate_rps"] >= 128]
     seq_mesh = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
