@@ -125,8 +125,12 @@ def series(measured: list[dict[str, Any]], kind: str) -> list[StepPoint] | None:
     decodes = [row for row in measured if row.get("decode")]
     if not decodes or not all(row.get("graph_seconds") for row in decodes):
         return None
-    key = {True: "graph_seconds", False: "kernel_seconds"}
-    return [StepPoint.from_dict({**row, "seconds": row[key[bool(row.get("decode"))]]}) for row in measured]
+    return [
+        StepPoint.from_dict(
+            {**row, "seconds": row["graph_seconds"] if row.get("decode") else row["kernel_seconds"]}
+        )
+        for row in measured
+    ]
 
 
 def transfer(
