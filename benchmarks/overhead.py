@@ -689,6 +689,11 @@ def _maybe_litellm(args: argparse.Namespace, engine_port: int, workdir: Path):  
     return _Wrap()
 
 
+def _sequential(result: dict, path: str) -> dict | None:
+    """The sequential measurement of `path` in a run, if it has one."""
+    return next((r for r in result["sequential"] if r["path"] == path), None)
+
+
 def render_markdown(result: dict) -> str:
     """A short human summary of the JSON."""
     m = result["machine"]
@@ -763,7 +768,7 @@ def render_markdown(result: dict) -> str:
                 f"{s['errors']} |"
             )
     hb = result["header_bytes"]
-    seq = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
+    seq = _sequential(result, "mesh")
     if seq and seq.get("stages_p50_ms"):
         b = seq["stages_p50_ms"]
         own = round(b["ingress"] + b["lookup"] + b["forward"], 3)
@@ -779,8 +784,7 @@ def render_markdown(result: dict) -> str:
             "- TCP_NODELAY is not the cause: asyncio and uvloop set it on every TCP socket they accept or connect",
             "  (checked on both loops), and complete answers already travel as one frame with their head.",
         ]
-        floor = next((r for r in result["sequential"] if r["path"] == FLOOR), None)
-        mesh_seq = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
+        floor, mesh_seq = _sequential(result, FLOOR), _sequential(result, "mesh")
         if floor and mesh_seq:
             above = round(mesh_seq["added_p50_ms"] - floor["added_p50_ms"], 3)
             lines += [
@@ -788,7 +792,7 @@ def render_markdown(result: dict) -> str:
                 f"{floor['added_p50_ms']} ms",
                 "  at the median one request at a time: what two extra wake-ups and loopback transits each way cost",
                 f"  on this machine. The mesh's {above} ms above that floor is the work its two processes do per",
-                "  request, most of it Python (\"Where the CPU goes\", in runs with --profile).",
+                '  request, most of it Python ("Where the CPU goes", in runs with --profile).',
             ]
         if "node" in b:
             lines += [
@@ -801,7 +805,7 @@ def render_markdown(result: dict) -> str:
                 "  0.2 ms (`benchmarks/fabric_rtt.py`).",
             ]
     busy = [s for s in (result.get("max_rate") or {}).get("steps", []) if s["rate_rps"] >= 128]
-    seq_mesh = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
+    seq_mesh = _sequential(result, "mesh")
     if busy and seq_mesh:
         low, high = min(s["added_p50_ms"] for s in busy), max(s["added_p50_ms"] for s in busy)
         lines += [
@@ -822,7 +826,7 @@ def render_markdown(result: dict) -> str:
 
 def _verdict(result: dict) -> list[str]:
     """The figures against ARCHITECTURE section 4, and LiteLLM's next to ours."""
-    seq = next((r for r in result["sequential"] if r["path"] == "mesh"), None)
+    seq = _sequential(result, "mesh")
     at16 = next((r for r in result["open_loop"] if r["path"] == "mesh" and r["rate_rps"] == 16), None)
     hb = result["header_bytes"]
     if seq is None:
@@ -856,7 +860,7 @@ def _verdict(result: dict) -> list[str]:
         f"{met(hb['request_bytes'] <= 450 and hb['response_bytes'] <= 120)} |"
     )
     ll = {r.get("rate_rps", "seq"): r for r in result["open_loop"] if r["path"] == "litellm"}
-    ll_seq = next((r for r in result["sequential"] if r["path"] == "litellm"), None)
+    ll_seq = _sequential(result, "litellm")
     if ll_seq:
         lines.append(
             f"| LiteLLM proxy added p50 / p99, sequential (same run) | mesh >= 10x lower p50 | "
@@ -869,7 +873,7 @@ def _verdict(result: dict) -> list[str]:
             f"{ll[16]['added_p50_ms']} / {ll[16]['added_p99_ms']} ms | mesh: {at16['added_p50_ms']} / "
             f"{at16['added_p99_ms']} ms ({_times(ll[16], at16)} lower p50, {met(_times(ll[16], at16) >= 10)}) |"
         )
-    floor = next((r for r in result["sequential"] if r["path"] == FLOOR), None)
+    floor = _sequential(result, FLOOR)
     if floor:
         lines.append(
             f"| the floor, sequential: two bare byte relays (same run) | - | {floor['added_p50_ms']} / "
