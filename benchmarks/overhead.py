@@ -4,8 +4,10 @@ with a per-stage breakdown, the highest rate one ingress sustains, and LiteLLM's
 Runs real processes on loopback: an ingress (with Server-Timing on, so each answer carries its stage times), one
 worker whose engine is the simulated engine with a fixed latency (so model speed does not hide the overhead), a
 LiteLLM proxy passing through to the same engine (installed into .bench-venv/ on first use), and this client.
-Each measurement interleaves the path under test with direct calls, so both see the same machine load. A floor
-is measured the same way: two bare byte relays (`_byte_relay.py`, one process each, no TLS and no parsing) in
+Each measurement interleaves the path under test with direct calls, so both see the same machine load; one at a
+time, each path runs in blocks of 50 rounds against its own direct calls, the paths taking turns block by block
+(a last, shorter step rotates every path in one loop, the earlier layout, for comparison). A floor is measured
+the same way: two bare byte relays (`_byte_relay.py`, one process each, no TLS and no parsing) in
 front of the same engine, the least two extra user-space processes on the path can cost. Prints JSON and writes
 docs/benchmarks/overhead.{json,md}.
 
@@ -180,6 +182,30 @@ async def closed_loop(http: aiohttp.ClientSession, paths: list[Path_], n: int) -
             out[p.name][0].append(elapsed)
             if stages:
                 out[p.name][1].append(stages)
+    return out
+
+
+PAIR_BLOCK = 50
+"""Rounds per block of `paired_closed_loop`: each path's blocks spread over the whole run."""
+
+
+async def paired_closed_loop(
+    http: aiohttp.ClientSession, direct: Path_, vias: list[Path_], n: int, block: int = PAIR_BLOCK
+) -> dict[str, tuple[list[float], list[dict], list[float]]]:
+    """One request at a time: each path in `vias` alternates with its own direct calls, in blocks of `block`
+    rounds that take the paths in turn, so every path samples the whole run's load.
+
+    Per path: (its latencies, its Server-Timing stages, the direct latencies interleaved with it). Paths never
+    follow one another: a proxy doing milliseconds of Python work (LiteLLM) would otherwise leave the next
+    path's processes to run from cold caches, a cost of the benchmark's layout, not of that path."""
+    out: dict[str, tuple[list[float], list[dict], list[float]]] = {p.name: ([], [], []) for p in vias}
+    for start in range(0, n, block):
+        turn = (start // block) % len(vias)
+        for via in vias[turn:] + vias[:turn]:
+            res = await closed_loop(http, [direct, via], min(block, n - start))
+            out[via.name][0].extend(res[via.name][0])
+            out[via.name][1].extend(res[via.name][1])
+            out[via.name][2].extend(res[direct.name][0])
     return out
 
 
@@ -379,8 +405,18 @@ async def run(args: argparse.Namespace) -> dict:
                     print("warming up...", file=sys.stderr)
                     await closed_loop(http, paths, 100)
                     print(f"closed loop, {args.requests} requests per path...", file=sys.stderr)
-                    seq = await closed_loop(http, paths, args.requests)
+                    paired = await paired_closed_loop(http, direct, paths[1:], args.requests)
                     sequential = [
+                        summarize(name, via, own_direct, stages)
+                        for name, (via, stages, own_direct) in paired.items()
+                    ]
+                    # The earlier layout, every path in one rotation, kept for comparison (see the report).
+                    print(
+                        f"closed loop, all paths in one rotation, {ROTATION_REQUESTS} rounds...",
+                        file=sys.stderr,
+                    )
+                    seq = await closed_loop(http, paths, ROTATION_REQUESTS)
+                    rotation = [
                         summarize(p.name, seq[p.name][0], seq["direct"][0], seq[p.name][1]) for p in paths[1:]
                     ]
                     rates = []
@@ -414,6 +450,7 @@ async def run(args: argparse.Namespace) -> dict:
         "engine": f"simulated, fixed {args.ttft_ms} ms, 1 output token, non-streaming, ~1 KB request",
         "litellm": litellm_version() if not args.no_litellm else None,
         "sequential": sequential,
+        "sequential_one_rotation": rotation,
         "open_loop": rates,
         "max_rate": highest,
         "header_bytes": header_bytes(),
@@ -421,6 +458,9 @@ async def run(args: argparse.Namespace) -> dict:
         "ttft_ms": args.ttft_ms,
     }
 
+
+ROTATION_REQUESTS = 300
+"""Rounds of the one-rotation comparison (every path in turn with the direct calls)."""
 
 FLOOR = "2 byte relays"
 """The floor path's name: two bare relay processes between the client and the engine."""
@@ -704,7 +744,9 @@ def render_markdown(result: dict) -> str:
         f"same engine directly, on loopback, real processes. Engine: {result['engine']}.",
         f"Machine: {m['cpus']} CPUs, Python {m['python']}, shared with other work: load average "
         f"{m['loadavg_start'][0]} at the start, {m['loadavg_end'][0]} at the end, so treat these as upper bounds.",
-        "Added latency is the difference of the two paths' percentiles, measured interleaved with direct calls.",
+        "Added latency is the difference of the two paths' percentiles, measured interleaved with direct calls;",
+        f"one request at a time, each path alternates with its own direct calls in blocks of {PAIR_BLOCK} rounds, the",
+        "paths taking turns block by block.",
         f"LiteLLM {result['litellm']} runs as a plain pass-through proxy to the same engine, measured in the same run."
         if result["litellm"]
         else "LiteLLM was not measured in this run.",
@@ -719,9 +761,8 @@ def render_markdown(result: dict) -> str:
         lines.append(_row("sequential", s))
     for r in result["open_loop"]:
         lines.append(_row(f"{r['rate_rps']:g} req/s", r))
+    lines += ["", "All times in milliseconds.", *_rotation_lines(result)]
     lines += [
-        "",
-        "All times in milliseconds.",
         "",
         "## Where the mesh's time goes (medians, ms)",
         "",
@@ -822,6 +863,32 @@ def render_markdown(result: dict) -> str:
         "header bytes <= 450 / 120.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _rotation_lines(result: dict) -> list[str]:
+    """The one-rotation comparison: every path in one loop, as runs before 2026-11-27 measured them."""
+    rotation = result.get("sequential_one_rotation")
+    if not rotation:
+        return []
+    lines = [
+        "",
+        "### The same paths in one rotation",
+        "",
+        "Runs before 2026-11-27 took every path in one loop (direct, mesh, relays, LiteLLM, the order rotating each",
+        "round). There each path's request often came right after LiteLLM's, which spends about 10 ms of Python per",
+        "request on the same two cores: the next processes to run then start from cold caches, and that cost lands",
+        "on whichever path comes next, direct calls included, unevenly. Measured again here, after the blocks:",
+        "",
+        "| path | rounds | added p50 in one rotation | in blocks (above) | added p99 in one rotation | in blocks |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rotation:
+        own = _sequential(result, r["path"])
+        lines.append(
+            f"| {r['path']} | {r['requests']} | {r['added_p50_ms']} | {own['added_p50_ms'] if own else '-'} | "
+            f"{r['added_p99_ms']} | {own['added_p99_ms'] if own else '-'} |"
+        )
+    return lines
 
 
 def _verdict(result: dict) -> list[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 
@@ -115,3 +116,47 @@ async def test_each_build_is_measured_against_its_own_engine_when_directs_are_pa
     assert [round(r["added_p50_ms"], 3) for r in paired] == [2.0, 3.0]
     shared = await overhead.open_loop_paths(None, [new, base], own_new, 400.0, 0.1)  # type: ignore[arg-type]
     assert [round(r["added_p50_ms"], 3) for r in shared] == [2.0, 4.0]
+
+
+class _LoggedPath(_FixedPath):
+    """A fixed-time path that writes its name into a shared log on each request."""
+
+    def __init__(self, name: str, seconds: float, log: list[str]) -> None:
+        super().__init__(name, seconds)
+        self.log = log
+
+    async def post(self, http):  # type: ignore[no-untyped-def, override]
+        self.log.append(self.name)
+        return self.seconds, {}
+
+
+async def test_paired_closed_loop_never_puts_two_proxies_back_to_back() -> None:
+    log: list[str] = []
+    direct = _LoggedPath("direct", 0.003, log)
+    vias = [
+        _LoggedPath("mesh", 0.004, log),
+        _LoggedPath("relays", 0.0031, log),
+        _LoggedPath("litellm", 0.013, log),
+    ]
+    out = await overhead.paired_closed_loop(None, direct, vias, 120, block=50)  # type: ignore[arg-type]
+    for name, (via, _stages, own_direct) in out.items():
+        assert len(via) == len(own_direct) == 120, name
+    assert out["litellm"][0][0] == 0.013 and set(out["mesh"][2]) == {0.003}
+    assert len(log) == 2 * 3 * 120
+    proxies = [name for name in log if name != "direct"]
+    # Two different proxies never follow one another: each has only direct calls or itself beside it.
+    assert all(a == b or "direct" in (a, b) for a, b in itertools.pairwise(log))
+    runs = [proxies[i] for i in range(len(proxies)) if i == 0 or proxies[i] != proxies[i - 1]]
+    assert runs == ["mesh", "relays", "litellm", "relays", "litellm", "mesh", "litellm", "mesh", "relays"]
+
+
+def test_the_one_rotation_comparison_sits_beside_the_blocks() -> None:
+    mesh = {"path": "mesh", "requests": 300, "added_p50_ms": 1.1, "added_p99_ms": 1.6}
+    result = {
+        "sequential": [mesh],
+        "sequential_one_rotation": [
+            {"path": "mesh", "requests": 300, "added_p50_ms": 1.4, "added_p99_ms": 2.0}
+        ],
+    }
+    assert "| mesh | 300 | 1.4 | 1.1 | 2.0 | 1.6 |" in overhead._rotation_lines(result)
+    assert overhead._rotation_lines({"sequential": [mesh]}) == []
