@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -9,8 +10,9 @@ from aiohttp import web
 
 from opentela import openai_edge as edge
 from opentela.gateway._config import GatewayConfig
-from opentela.gateway.access_log import GatewayAccessLogger
+from opentela.gateway.access_log import GatewayAccessLogger, access_logger
 from opentela.gateway.edge import EdgeRunner, edge_middleware
+from opentela.gateway.fast_edge import FastEdgeServer
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.responses import RESPONSES_PATH
 from opentela.gateway.routes import infra
@@ -18,7 +20,9 @@ from opentela.gateway.routes.inference import handle_inference
 from opentela.gateway.state import STATE_KEY, GatewayState
 
 logger = logging.getLogger(__name__)
-access_log = logging.getLogger("opentela.gateway.access")
+
+SHUTDOWN_TIMEOUT = 60.0
+"""Seconds requests in progress get to finish when the gateway closes (aiohttp's own default)."""
 
 
 class Gateway:
@@ -34,6 +38,8 @@ class Gateway:
             self.state.metrics,
         )
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        self._edge: FastEdgeServer | None = None
         self.url: str = ""
         self.app = self._build_app()
 
@@ -64,7 +70,7 @@ class Gateway:
             self.app,
             header_timeout=self.config.header_timeout,
             keepalive_timeout=self.config.keepalive_timeout,
-            access_log=access_log,
+            access_log=access_logger,
             access_log_class=GatewayAccessLogger,
             handle_signals=False,
             # A client that hangs up cancels its handler: the forwarder then resets the mesh stream, and the
@@ -72,17 +78,32 @@ class Gateway:
             handler_cancellation=True,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, reuse_address=True)
-        await site.start()
-        sockets = self._runner.addresses
-        bound_port = sockets[0][1] if sockets else port
+        # Inference requests are served by the gateway's own HTTP edge; it hands every other request, with the
+        # rest of its connection, to aiohttp's handler (gateway/fast_edge.py).
+        assert self._runner.server is not None
+        self._edge = FastEdgeServer(
+            self.state,
+            self._runner.server,
+            keepalive_timeout=self.config.keepalive_timeout,
+            header_timeout=self.config.header_timeout,
+            max_body_bytes=self.config.max_body_bytes,
+        )
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._edge, host or None, port, reuse_address=True)
+        bound_port = self._server.sockets[0].getsockname()[1] if self._server.sockets else port
         shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
         self.url = f"http://{shown}:{bound_port}"
         logger.info("gateway listening on %s", self.url)
         return self.url
 
     async def aclose(self) -> None:
-        """Stop listening and finish."""
+        """Stop listening and finish the requests in progress (up to aiohttp's shutdown timeout)."""
+        if self._server is not None:
+            self._server.close()
+            assert self._edge is not None
+            await self._edge.shutdown(SHUTDOWN_TIMEOUT)
+            await self._server.wait_closed()
+            self._server = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -4,6 +4,8 @@ HTTP."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from aiohttp import web
 
@@ -11,7 +13,7 @@ from opentela import openai_edge as edge
 from opentela.errors import ModelNotFoundError, NoHealthyReplicaError
 from opentela.gateway.call import Call
 from opentela.gateway.routes.split import handle_split
-from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, state_of
+from opentela.gateway.state import CALL_KEY, REQUEST_ID_KEY, GatewayState, state_of
 
 SERVED_MODEL_HEADER = "X-Otela-Model"
 """The id of the model that served the request (an alias's target), for usage accounting."""
@@ -35,49 +37,122 @@ def answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
     return headers
 
 
-async def handle_inference(request: web.Request) -> web.StreamResponse:
-    """Forward one OpenAI inference request to a replica chosen by the routing policy."""
-    arrived = time.perf_counter()
-    st = state_of(request)
+class AnswerWriter(Protocol):
+    """Where an inference answer goes: aiohttp's response objects, or the gateway's own HTTP edge
+    (gateway/fast_edge.py). Each method raises ConnectionResetError once the client is gone."""
+
+    async def whole(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        """Send a complete answer."""
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        """Send the head of an event stream."""
+
+    async def write(self, chunk: bytes) -> None:
+        """Send one piece of the event stream, waiting while the client's socket is full."""
+
+    async def end(self) -> None:
+        """Finish the event stream."""
+
+
+class SplitModel(Exception):
+    """The request names a model whose blocks are spread over block servers: the chain client serves it."""
+
+    def __init__(self, raw: bytes, model: str) -> None:
+        super().__init__(model)
+        self.raw, self.model = raw, model
+
+
+async def serve_inference(
+    st: GatewayState,
+    request_id: str,
+    path: str,
+    raw: bytes,
+    headers: Mapping[str, str],
+    arrived: float,
+    out: AnswerWriter,
+    on_call: Callable[[Call], None],
+) -> None:
+    """Forward one OpenAI inference request to a replica chosen by the routing policy and write the answer to
+    `out`; raises SplitModel for a split model, and the client's OpenTelaError when nothing may serve it."""
     forwarder = st.forwarder
-    raw = await request.read()
     try:
-        call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
+        call = forwarder.accept(request_id, path, raw, headers, arrived)
     except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
         model = forwarder.model_of(raw)
         if model in st.split.served():
-            return await handle_split(request, raw, model)
+            raise SplitModel(raw, model) from None
         # A serverless model with no live replica: wait while a controller starts one (gateway/hold.py).
         if not st.hold.may_hold():
             raise
         await st.hold.wait(model, no_replica)
-        call = forwarder.accept(request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived)
-    request[CALL_KEY] = call
+        call = forwarder.accept(request_id, path, raw, headers, arrived)
+    on_call(call)
     with call:
         body = await forwarder.dispatch(call)
         attempt = call.attempt
         assert attempt is not None and attempt.head is not None
-        headers = answer_headers(call, st.config.server_timing)
+        answer = answer_headers(call, st.config.server_timing)
         if not attempt.event_stream:
-            headers["Content-Type"] = attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
-            answer = web.Response(status=attempt.head.status, body=body, headers=headers)
-            # Written here rather than by aiohttp after the handler returns, so that the client has its answer
-            # before the call's bookkeeping (metrics, policy feedback) runs on leaving `with call`.
+            answer["Content-Type"] = attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
+            # Written inside `with call`, so that the client has its answer before the call's bookkeeping
+            # (metrics, policy feedback) runs on leaving it.
             try:
-                await answer.prepare(request)
-                await answer.write_eof()
+                await out.whole(attempt.head.status, answer, body)
             except ConnectionResetError:
                 forwarder.client_gone(call)
-            return answer
-        headers["Content-Type"] = edge.SSE_CONTENT_TYPE
-        headers["Cache-Control"] = "no-cache"
-        response = web.StreamResponse(status=attempt.head.status, headers=headers)
+            return
+        answer["Content-Type"] = edge.SSE_CONTENT_TYPE
+        answer["Cache-Control"] = "no-cache"
         try:
-            await response.prepare(request)
-            err = await forwarder.relay(call, body, response.write)
+            await out.start(attempt.head.status, answer)
+            err = await forwarder.relay(call, body, out.write)
             if err is not None:
-                await response.write(edge.sse_error_event(err))
-            await response.write_eof()
+                await out.write(edge.sse_error_event(err))
+            await out.end()
         except ConnectionResetError:
             forwarder.client_gone(call)
-        return response
+
+
+class _AiohttpAnswer:
+    """AnswerWriter over aiohttp's response objects."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    async def whole(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.response = web.Response(status=status, body=body, headers=headers)
+        await self.response.prepare(self.request)
+        await self.response.write_eof()
+
+    async def start(self, status: int, headers: dict[str, str]) -> None:
+        self.response = web.StreamResponse(status=status, headers=headers)
+        await self.response.prepare(self.request)
+
+    async def write(self, chunk: bytes) -> None:
+        assert self.response is not None
+        await self.response.write(chunk)
+
+    async def end(self) -> None:
+        assert self.response is not None
+        await self.response.write_eof()
+
+
+async def handle_inference(request: web.Request) -> web.StreamResponse:
+    """Forward one OpenAI inference request to a replica chosen by the routing policy (connections handed over
+    to aiohttp by the gateway's own HTTP edge come here)."""
+    arrived = time.perf_counter()
+    raw = await request.read()
+    out = _AiohttpAnswer(request)
+
+    def keep(call: Call) -> None:
+        request[CALL_KEY] = call
+
+    try:
+        await serve_inference(
+            state_of(request), request[REQUEST_ID_KEY], request.path, raw, request.headers, arrived, out, keep
+        )
+    except SplitModel as split:
+        return await handle_split(request, split.raw, split.model)
+    assert out.response is not None
+    return out.response
