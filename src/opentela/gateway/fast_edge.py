@@ -244,12 +244,11 @@ class EdgeConnection(asyncio.Protocol):
             and msg.path in FAST_PATHS
             and "upgrade" not in names
         )
-        if self.handed_over:
-            return
         length = next((v for k, v in msg.headers if k.lower() == "content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
-            self._reject(msg, _too_large(self.server.max_body_bytes, int(length)))
-            return
+            if not self.handed_over:  # aiohttp applies its own limit to what it is handed
+                self._reject(msg, _too_large(self.server.max_body_bytes, int(length)))
+                return
         if "expect" in names:
             # The client waits for a go-ahead before its body (curl does above 1 KiB); it is sent here, so the
             # request is complete before it is served or handed over (without its Expect header).
@@ -263,8 +262,14 @@ class EdgeConnection(asyncio.Protocol):
         msg = self.message
         assert msg is not None
         msg.size += len(body)
-        if msg.size > self.server.max_body_bytes and not self.handed_over:
-            self._reject(msg, _too_large(self.server.max_body_bytes, msg.size))
+        if msg.size > self.server.max_body_bytes:
+            if (
+                self.handed_over
+            ):  # buffered for aiohttp, which would refuse it: nothing is kept past the limit
+                self._rejected = True
+                self.close()
+            else:
+                self._reject(msg, _too_large(self.server.max_body_bytes, msg.size))
             return
         msg.body.append(body)
 
