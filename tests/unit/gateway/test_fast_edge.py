@@ -7,6 +7,8 @@ import asyncio
 import json
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from meshkit import MODEL, GatewayKit, chat, gateway_kit
 
 from opentela.engines.simulated import SimulatedConfig
@@ -19,7 +21,9 @@ def post(body: bytes = BODY, path: str = "/v1/chat/completions", extra: str = ""
     return f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 
-async def exchange(kit: GatewayKit, data: bytes, answers: int, *, timeout: float = 10.0) -> list[dict[str, Any]]:
+async def exchange(
+    kit: GatewayKit, data: bytes, answers: int, *, timeout: float = 10.0
+) -> list[dict[str, Any]]:
     """Send `data` on one connection and read `answers` HTTP responses from it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", kit.gateway.url.rsplit(":", 1)[1])
     writer.write(data)
@@ -52,7 +56,9 @@ async def read_response(reader: asyncio.StreamReader) -> dict[str, Any]:
 async def test_pipelined_inference_requests_and_a_get_are_answered_in_order() -> None:
     async with gateway_kit() as kit:
         await kit.replica("a")
-        one, two, models = await exchange(kit, post() + post() + b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n", 3)
+        one, two, models = await exchange(
+            kit, post() + post() + b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n", 3
+        )
         assert [one["status"], two["status"], models["status"]] == [200, 200, 200]
         assert json.loads(one["body"])["object"] == "chat.completion"
         assert [m["id"] for m in json.loads(models["body"])["data"]] == [MODEL]
@@ -119,8 +125,12 @@ async def test_http_1_0_is_answered_and_closed() -> None:
         (answer,) = await exchange(kit, data, 1)
         assert answer["status"] == 200 and answer["headers"]["connection"] == "close"
         stream = json.dumps(chat(max_tokens=3, stream=True)).encode()
-        data = f"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: {len(stream)}\r\n\r\n".encode() + stream
-        (answer,) = await exchange(kit, data, 1)  # no chunked framing for 1.0: the body ends with the connection
+        data = (
+            f"POST /v1/chat/completions HTTP/1.0\r\nContent-Length: {len(stream)}\r\n\r\n".encode() + stream
+        )
+        (answer,) = await exchange(
+            kit, data, 1
+        )  # no chunked framing for 1.0: the body ends with the connection
         assert "transfer-encoding" not in answer["headers"] and answer["body"].rstrip().endswith(b"[DONE]")
 
 
@@ -131,7 +141,9 @@ async def test_bad_http_and_oversized_bodies_get_openai_errors_and_a_closed_conn
         assert bad["status"] == 400 and json.loads(bad["body"])["error"]["type"] == "invalid_request_error"
         assert bad["headers"]["connection"] == "close"
         # Refused from the head alone: the client need not send the body.
-        (big,) = await exchange(kit, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 1)
+        (big,) = await exchange(
+            kit, b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 999999\r\n\r\n", 1
+        )
         assert big["status"] == 413 and "too large" in json.loads(big["body"])["error"]["message"]
         head = b"POST /v1/chat/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
         (chunked,) = await exchange(kit, head + b"%x\r\n%b\r\n" % (5000, b"x" * 5000), 1)
@@ -161,3 +173,60 @@ async def test_an_unknown_model_is_refused_on_the_fast_path() -> None:
         (answer,) = await exchange(kit, post(json.dumps(chat(model="no-such-model")).encode()), 1)
         assert answer["status"] == 404 and json.loads(answer["body"])["error"]["code"] == "model_not_found"
         assert kit.gateway._edge is not None and kit.gateway._edge.handovers == 0
+
+
+def _chunked(body: bytes, sizes: list[int]) -> bytes:
+    out, at = b"", 0
+    for size in [*sizes, len(body)]:
+        piece = body[at : at + max(1, size)]
+        if piece:
+            out += b"%x\r\n%b\r\n" % (len(piece), piece)
+        at += len(piece)
+    return out + b"0\r\n\r\n"
+
+
+REQUEST_KINDS = st.sampled_from(["post", "chunked", "get", "completions"])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(REQUEST_KINDS, min_size=1, max_size=4),
+    chunk_sizes=st.lists(st.integers(1, 40), max_size=4),
+    cuts=st.lists(st.integers(1, 2000), max_size=6),
+)
+def test_requests_split_anywhere_and_pipelined_are_answered_in_order(
+    kinds: list[str], chunk_sizes: list[int], cuts: list[int]
+) -> None:
+    wire = b""
+    for kind in kinds:
+        if kind == "post":
+            wire += post()
+        elif kind == "chunked":
+            head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+            wire += head + _chunked(BODY, chunk_sizes)
+        elif kind == "completions":
+            wire += post(
+                json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}).encode(), "/v1/completions"
+            )
+        else:
+            wire += b"GET /v1/models HTTP/1.1\r\nHost: t\r\n\r\n"
+    points = sorted({c % len(wire) for c in cuts} - {0})
+    pieces = [wire[a:b] for a, b in zip([0, *points], [*points, len(wire)], strict=True)]
+
+    async def case() -> list[dict[str, Any]]:
+        async with gateway_kit() as kit:
+            await kit.replica("a")
+            reader, writer = await asyncio.open_connection("127.0.0.1", kit.gateway.url.rsplit(":", 1)[1])
+            for piece in pieces:  # each piece its own write: the server sees the requests cut at these points
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.002)
+            answers = [await asyncio.wait_for(read_response(reader), 10) for _ in kinds]
+            writer.close()
+            return answers
+
+    answers = asyncio.run(case())
+    for kind, answer in zip(kinds, answers, strict=True):
+        assert answer["status"] == 200, (kind, answer)
+        obj = json.loads(answer["body"])["object"]
+        assert obj == {"get": "list", "completions": "text_completion"}.get(kind, "chat.completion")
