@@ -4,9 +4,10 @@ request to the gateway's forwarder directly instead of over loopback HTTP.
 The answer is the one the gateway's HTTP route would give, byte for byte: the same status, the same headers
 (request id, serving node, session, provider, Server-Timing when enabled), the same OpenAI error JSON when no replica
 can serve, and for a stream the same events, resumed on another replica when one breaks and ended by an error event
-when it cannot resume. A stream is relayed through a one-chunk hand-off, so a slow client still holds back the
-engine as it does over HTTP. Read-only endpoints (model list, mesh tables) still go over HTTP: they are not on
-the request path.
+when it cannot resume. A request for a serverless model with no replica waits for a cold start the same way, and one
+for a split model goes to that route. A stream is relayed through a one-chunk hand-off, so a slow client still
+holds back the engine as it does over HTTP. Read-only endpoints (model list, mesh tables) still go over HTTP: they
+are not on the request path.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from opentela import openai_edge as edge
-from opentela.errors import OpenTelaError, RequestTooLargeError
-from opentela.frontend.ingress import IngressClient
+from opentela.errors import ModelNotFoundError, NoHealthyReplicaError, OpenTelaError, RequestTooLargeError
+from opentela.frontend.ingress import HttpUpstreamResponse, IngressClient
 from opentela.gateway.call import Call
 from opentela.gateway.routes.inference import answer_headers
 from opentela.gateway.state import GatewayState
@@ -128,7 +129,9 @@ class InProcessIngress:
     def __repr__(self) -> str:
         return f"<InProcessIngress {self.base_url}>"
 
-    async def post(self, path: str, body: bytes, headers: dict[str, str]) -> WholeAnswer | StreamedAnswer:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str]
+    ) -> WholeAnswer | StreamedAnswer | HttpUpstreamResponse:
         """Run one inference request through the gateway's forwarder; errors come back as answers."""
         arrived = time.perf_counter()
         request_id = edge.request_id(headers.get(edge.REQUEST_ID_HEADER))
@@ -140,8 +143,20 @@ class InProcessIngress:
                 request_id,
             )
         forwarder = self.state.forwarder
+        cased = CIMultiDict(headers)
         try:
-            call = forwarder.accept(request_id, path, body, CIMultiDict(headers), arrived)
+            try:
+                call = forwarder.accept(request_id, path, body, cased, arrived)
+            except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
+                # As the gateway's route does: a split model is served by its chain client (over the gateway's
+                # HTTP edge, which runs it), and a serverless model waits while a controller starts a replica.
+                model = forwarder.model_of(body)
+                if model in self.state.split.served():
+                    return await self.http.post(path, body, headers)
+                if not self.state.hold.may_hold():
+                    raise
+                await self.state.hold.wait(model, no_replica)
+                call = forwarder.accept(request_id, path, body, cased, arrived)
         except OpenTelaError as err:
             return _error_answer(err, request_id)
         except Exception:

@@ -99,3 +99,29 @@ async def test_replicas_all_full_make_the_gateway_ask_for_one_more_instance() ->
                 break
             await asyncio.sleep(0.02)
         assert kit.mesh.more == [MODEL]  # once, however many requests found it full
+
+
+async def test_the_frontends_in_process_ingress_holds_for_a_cold_start_too() -> None:
+    from opentela.frontend.ingress import IngressClient
+    from opentela.frontend.ingress_inprocess import InProcessIngress, WholeAnswer
+
+    async with gateway_kit() as kit:
+
+        async def starting(model: str) -> dict[str, Any]:
+            return {"ok": True, "state": "starting"}
+
+        kit.mesh.demand = starting
+        ingress = InProcessIngress(kit.gateway.state, IngressClient(kit.url))
+
+        async def cold_start() -> None:
+            await asyncio.sleep(0.3)
+            await kit.replica("a")
+
+        try:
+            body = json.dumps(chat()).encode()
+            answer, _ = await asyncio.gather(ingress.post("/v1/chat/completions", body, {}), cold_start())
+            assert isinstance(answer, WholeAnswer) and answer.status == 200, answer
+            assert json.loads(await answer.read())["choices"]
+            assert kit.mesh.wants == [MODEL]
+        finally:
+            await ingress.aclose()
