@@ -4,7 +4,7 @@ Measured on the overhead benchmark (docs/benchmarks/overhead.md), aiohttp's requ
 cost about 0.2 ms of the mesh's added latency per request, most of it touching its many objects in a process
 that woke from idle. The inference routes are the hot path, so they get a lean server: httptools parses, a
 CIMultiDict holds the headers, and the answer is written to the transport as bytes. Every other request (GETs,
-the split-model path, requests that expect `100-continue` or an upgrade) is handed to aiohttp's own connection
+the split-model path, upgrade offers, compressed bodies) is handed to aiohttp's own connection
 handler at a request boundary, which serves the rest of that connection: the request is written out again as
 bytes (body de-chunked, with its length) and fed to it, so aiohttp sees what the client sent.
 
@@ -243,6 +243,7 @@ class EdgeConnection(asyncio.Protocol):
             and msg.method == "POST"
             and msg.path in FAST_PATHS
             and "upgrade" not in names
+            and "content-encoding" not in names  # a compressed body: aiohttp's parser inflates it
         )
         length = next((v for k, v in msg.headers if k.lower() == "content-length"), None)
         if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:

@@ -4,6 +4,7 @@ HTTP's framing, limits and deadlines kept, over real sockets."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import Any
 
@@ -230,3 +231,11 @@ def test_requests_split_anywhere_and_pipelined_are_answered_in_order(
         assert answer["status"] == 200, (kind, answer)
         obj = json.loads(answer["body"])["object"]
         assert obj == {"get": "list", "completions": "text_completion"}.get(kind, "chat.completion")
+
+
+async def test_a_gzipped_body_is_inflated_by_aiohttp() -> None:
+    async with gateway_kit() as kit:
+        await kit.replica("a")
+        (answer,) = await exchange(kit, post(gzip.compress(BODY), extra="Content-Encoding: gzip\r\n"), 1)
+        assert answer["status"] == 200 and json.loads(answer["body"])["choices"]
+        assert kit.gateway._edge is not None and kit.gateway._edge.handovers == 1
