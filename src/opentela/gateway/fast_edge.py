@@ -289,7 +289,7 @@ class EdgeConnection(asyncio.Protocol):
         return self.task is not None and not self.task.done()
 
     async def _serve(self) -> None:
-        while self.queue and self.transport is not None:
+        while self.queue and self.transport is not None and not self.transport.is_closing():
             msg = self.queue[0]
             if msg.error is not None:
                 self.queue.popleft()
@@ -337,19 +337,18 @@ class EdgeConnection(asyncio.Protocol):
                 self.server.state, request_id, path, b"".join(msg.body), headers, arrived, out, keep
             )
         except SplitModel:
-            if out.status:
-                raise
-            return False
+            return False  # raised before anything was written
         except OpenTelaError as err:
             if out.status:
-                raise  # the head went out: the stream ends where it broke
-            await out.error(err)
+                self.close()  # the answer had started: it ends where it broke, and the client sees it cut
+            else:
+                await out.error(err)
         except Exception:
             logger.exception("unhandled error on POST %s (request %s)", path, request_id)
             if out.status:
                 self.close()
-                return True
-            await out.error(OpenTelaError("internal error"))
+            else:
+                await out.error(OpenTelaError("internal error"))
         node = call.attempt.target.peer_id if call is not None and call.attempt is not None else "-"
         self.server.served += 1
         took = time.perf_counter() - arrived
