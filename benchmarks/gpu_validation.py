@@ -51,6 +51,9 @@ from opentela.scheduler.models import ModelSpec, spec_from_config
 from opentela.scheduler.roofline import Precision
 from opentela.scheduler.step_model import StepModel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _plots import circle_calibration_points
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("Llama-3.1-8B-Instruct", "Qwen3-1.7B")
 PRECISION = Precision("bf16", "bf16", "bf16")
@@ -415,14 +418,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
     ax = axes[0][0]
     rows = {name: (m.get("kernels") or m["wall"])["points"] for name, m in doc["models"].items()}
     _scatter_panel(ax, rows, "measured_ms", "predicted_ms", 0.10, log=True)
-    cal = [r for points in rows.values() for r in points if r["calibration_point"]]
-    ax.scatter(
-        [r["measured_ms"] for r in cal],
-        [r["predicted_ms"] for r in cal],
-        s=160,
-        facecolors="none",
-        edgecolors="k",
-    )
+    circle_calibration_points(ax, [r for points in rows.values() for r in points])
     ax.set(xlabel="measured (ms)", ylabel="predicted (ms)")
     ax.set_title(f"Step time on {doc['device']}, calibrated there (circled: the 3 points)", fontsize=9)
     if transfers:

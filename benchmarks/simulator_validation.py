@@ -54,6 +54,9 @@ from opentela.scheduler.roofline import Precision
 from opentela.scheduler.simulator import EngineLimits, ReplicaSpec, simulate
 from opentela.scheduler.workload import Trace
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _plots import circle_calibration_points
+
 ROOT = Path(__file__).resolve().parents[1]
 THREADS = 2
 """llama.cpp's threads by default (this machine's cores); `--threads` changes it, and the device entry follows."""
@@ -640,15 +643,7 @@ def plot(doc: dict, path: Path) -> None:
             ax.scatter(
                 [r["measured_ms"] for r in rows], [r["predicted_ms"] for r in rows], marker=marker, label=kind
             )
-    cal = [r for r in doc["points"] if r["calibration_point"]]
-    ax.scatter(
-        [r["measured_ms"] for r in cal],
-        [r["predicted_ms"] for r in cal],
-        s=160,
-        facecolors="none",
-        edgecolors="k",
-        label="calibration",
-    )
+    circle_calibration_points(ax, doc["points"], label="calibration")
     values = [r["measured_ms"] for r in doc["points"]] + [r["predicted_ms"] for r in doc["points"]]
     lo, hi = min(values) / 1.5, max(values) * 1.5
     ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
