@@ -236,26 +236,26 @@ class EdgeConnection(asyncio.Protocol):
         msg.method = self.parser.get_method().decode("latin-1")
         msg.version = self.parser.get_http_version()
         msg.keep_alive = self.parser.should_keep_alive()
-        names = {k.lower() for k, _ in msg.headers}
         msg.path = httptools.parse_url(bytes(msg.url)).path.decode("latin-1")
-        msg.fast = (
-            not self.handed_over
-            and msg.method == "POST"
-            and msg.path in FAST_PATHS
-            and "upgrade" not in names
-            and "content-encoding" not in names  # a compressed body: aiohttp's parser inflates it
-        )
-        length = next((v for k, v in msg.headers if k.lower() == "content-length"), None)
-        if length is not None and length.isdigit() and int(length) > self.server.max_body_bytes:
-            if not self.handed_over:  # aiohttp applies its own limit to what it is handed
-                self._reject(msg, _too_large(self.server.max_body_bytes, int(length)))
-                return
-        if "expect" in names:
+        length, plain = "", True
+        for name, value in msg.headers:
+            key = name.lower()
+            if key == "content-length":
+                length = value
+            elif key == "expect":
+                msg.expect = value.lower() == "100-continue"
+            elif key in ("upgrade", "content-encoding"):
+                plain = False  # an upgrade offer, or a compressed body (aiohttp's parser inflates it)
+        msg.fast = not self.handed_over and plain and msg.method == "POST" and msg.path in FAST_PATHS
+        if length.isdigit() and int(length) > self.server.max_body_bytes and not self.handed_over:
+            self._reject(
+                msg, _too_large(self.server.max_body_bytes, int(length))
+            )  # aiohttp has its own limit
+            return
+        if msg.expect and not self.busy():
             # The client waits for a go-ahead before its body (curl does above 1 KiB); it is sent here, so the
             # request is complete before it is served or handed over (without its Expect header).
-            msg.expect = any(k.lower() == "expect" and v.lower() == "100-continue" for k, v in msg.headers)
-            if msg.expect and not self.busy():
-                self._continue(msg)
+            self._continue(msg)
 
     def on_body(self, body: bytes) -> None:
         if self._rejected:
@@ -297,20 +297,18 @@ class EdgeConnection(asyncio.Protocol):
                 return
             if not msg.fast or self.handed_over:
                 self.handed_over = True
-                if self.message is None:
-                    self._switch()
-                return  # the rest of the connection is aiohttp's (switched once the parser is between requests)
+                break
             self.queue.popleft()
             if not await self._serve_fast(msg):
-                self.handed_over = True
                 self.queue.appendleft(msg)
-                if self.message is None:
-                    self._switch()
-                return
+                self.handed_over = True
+                break
             if not msg.keep_alive:
                 self.close()
                 return
         if self.handed_over:
+            # The rest of the connection is aiohttp's, from the first request not served here; it is switched once
+            # the parser is between requests (now, or when the request being parsed is complete).
             if self.message is None:
                 self._switch()
             return
