@@ -22,10 +22,10 @@ from typing import Any
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from opentela import openai_edge as edge
-from opentela.errors import ModelNotFoundError, NoHealthyReplicaError, OpenTelaError, RequestTooLargeError
+from opentela.errors import OpenTelaError, RequestTooLargeError
 from opentela.frontend.ingress import HttpUpstreamResponse, IngressClient
 from opentela.gateway.call import Call
-from opentela.gateway.routes.inference import answer_headers
+from opentela.gateway.routes.inference import SplitModel, accept_or_hold, answer_headers
 from opentela.gateway.state import GatewayState
 
 logger = logging.getLogger(__name__)
@@ -143,20 +143,12 @@ class InProcessIngress:
                 request_id,
             )
         forwarder = self.state.forwarder
-        cased = CIMultiDict(headers)
         try:
-            try:
-                call = forwarder.accept(request_id, path, body, cased, arrived)
-            except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
-                # As the gateway's route does: a split model is served by its chain client (over the gateway's
-                # HTTP edge, which runs it), and a serverless model waits while a controller starts a replica.
-                model = forwarder.model_of(body)
-                if model in self.state.split.served():
-                    return await self.http.post(path, body, headers)
-                if not self.state.hold.may_hold():
-                    raise
-                await self.state.hold.wait(model, no_replica)
-                call = forwarder.accept(request_id, path, body, cased, arrived)
+            call = await accept_or_hold(self.state, request_id, path, body, CIMultiDict(headers), arrived)
+        except SplitModel:
+            return await self.http.post(
+                path, body, headers
+            )  # its chain client runs behind the gateway's route
         except OpenTelaError as err:
             return _error_answer(err, request_id)
         except Exception:

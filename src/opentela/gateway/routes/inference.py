@@ -62,6 +62,23 @@ class SplitModel(Exception):
         self.raw, self.model = raw, model
 
 
+async def accept_or_hold(
+    st: GatewayState, request_id: str, path: str, raw: bytes, headers: Mapping[str, str], arrived: float
+) -> Call:
+    """The forwarder's call for a request; for a serverless model with no live replica, once a controller has
+    started one (gateway/hold.py). Raises SplitModel for a split model, else the client's error."""
+    try:
+        return st.forwarder.accept(request_id, path, raw, headers, arrived)
+    except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
+        model = st.forwarder.model_of(raw)
+        if model in st.split.served():
+            raise SplitModel(raw, model) from None
+        if not st.hold.may_hold():
+            raise
+        await st.hold.wait(model, no_replica)
+        return st.forwarder.accept(request_id, path, raw, headers, arrived)
+
+
 async def serve_inference(
     st: GatewayState,
     request_id: str,
@@ -75,17 +92,7 @@ async def serve_inference(
     """Forward one OpenAI inference request to a replica chosen by the routing policy and write the answer to
     `out`; raises SplitModel for a split model, and the client's OpenTelaError when nothing may serve it."""
     forwarder = st.forwarder
-    try:
-        call = forwarder.accept(request_id, path, raw, headers, arrived)
-    except (ModelNotFoundError, NoHealthyReplicaError) as no_replica:
-        model = forwarder.model_of(raw)
-        if model in st.split.served():
-            raise SplitModel(raw, model) from None
-        # A serverless model with no live replica: wait while a controller starts one (gateway/hold.py).
-        if not st.hold.may_hold():
-            raise
-        await st.hold.wait(model, no_replica)
-        call = forwarder.accept(request_id, path, raw, headers, arrived)
+    call = await accept_or_hold(st, request_id, path, raw, headers, arrived)
     on_call(call)
     with call:
         body = await forwarder.dispatch(call)
