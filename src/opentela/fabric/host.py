@@ -72,6 +72,7 @@ class Host:
         self._loop = asyncio.get_running_loop()
         self._server: asyncio.Server | None = None
         self._handlers: dict[ProtocolName, Handler] = {}
+        self._serve_now: dict[ProtocolName, Callable[[Stream], bool]] = {}
         self._conns: dict[PeerId, MuxConnection] = {}
         self._live: set[MuxConnection] = set()
         self._dialing: dict[Any, asyncio.Task[PeerId]] = {}
@@ -144,9 +145,18 @@ class Host:
         return f"<Host {self.peer_id[-8:]} listen={','.join(self.listen_addrs)} peers={len(self._conns)}>"
 
     # --- public surface -------------------------------------------------------------------------------------
-    def set_handler(self, protocol: ProtocolName, handler: Handler) -> None:
-        """Serve `protocol`: each inbound stream naming it runs `handler(stream)` in its own task."""
+    def set_handler(
+        self, protocol: ProtocolName, handler: Handler, now: Callable[[Stream], bool] | None = None
+    ) -> None:
+        """Serve `protocol`: each inbound stream naming it runs `handler(stream)` in its own task.
+
+        `now(stream)`, if given, is tried first, as the stream's opening frame is read: True when it took the stream
+        on without a task (it must not wait, and answers later from callbacks); False to leave it to `handler`."""
         self._handlers[protocol] = handler
+        if now is None:
+            self._serve_now.pop(protocol, None)
+        else:
+            self._serve_now[protocol] = now
 
     def on_peer_connected(self, callback: Callable[[PeerId], None]) -> None:
         """Call `callback(peer_id)` when we gain a connection to a peer we were not connected to."""
@@ -593,6 +603,17 @@ class Host:
         if self._closed:
             stream.reset(ErrorCode.REFUSED_STREAM, "host shutting down")
             return
+        now = self._serve_now.get(stream.protocol)
+        if now is not None:
+            try:
+                if now(stream):
+                    return
+            except (
+                Exception
+            ) as exc:  # it runs inside the connection's reader: a bug must not take the link down
+                logger.exception("handler for %s from %s failed", stream.protocol, stream.remote_peer)
+                stream.reset(ErrorCode.INTERNAL_ERROR, f"handler failed: {type(exc).__name__}")
+                return
         self._spawn(self._run_handler(handler, stream), f"handler-{stream.protocol}")
 
     async def _run_handler(self, handler: Handler, stream: MuxStream) -> None:

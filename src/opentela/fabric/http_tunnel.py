@@ -66,18 +66,26 @@ def _pack_head(obj: dict[str, Any]) -> bytes:
     return _LEN.pack(len(head)) + head
 
 
-async def _read_head(stream: Stream) -> dict[Any, Any]:
-    raw_len = await stream.readexactly(4)
+def _head_length(raw_len: bytes) -> int:
     (length,) = _LEN.unpack(raw_len)
     if length > MAX_HEAD_BYTES:
         raise ProtocolError(f"tunnel head of {length} bytes is over the {MAX_HEAD_BYTES} byte limit")
+    return int(length)
+
+
+def _unpack_head(raw: bytes) -> dict[Any, Any]:
     try:
-        head = msgpack.unpackb(await stream.readexactly(length), raw=False)
+        head = msgpack.unpackb(raw, raw=False)
     except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as exc:
         raise ProtocolError(f"malformed tunnel head: {exc}") from exc
     if not isinstance(head, dict):
         raise ProtocolError("tunnel head is not a map")
     return head
+
+
+async def _read_head(stream: Stream) -> dict[Any, Any]:
+    length = _head_length(await stream.readexactly(4))
+    return _unpack_head(await stream.readexactly(length))
 
 
 def encode_request(req: TunnelRequest) -> bytes:
@@ -93,8 +101,32 @@ def encode_request(req: TunnelRequest) -> bytes:
 async def read_request(stream: Stream, max_body: int) -> TunnelRequest:
     """Read one tunnelled request; ProtocolError if it is malformed or over `max_body`."""
     head = await _read_head(stream)
+    body_len = _request_body_length(head, max_body)
+    body = await stream.readexactly(body_len) if body_len else b""
+    return _request(head, body)
+
+
+def decode_request(data: bytes, max_body: int) -> TunnelRequest:
+    """A whole tunnelled request from its bytes (the stream's every byte, as `read_all_nowait` gives them);
+    ProtocolError if it is malformed, over `max_body`, or not exactly one request."""
+    if len(data) < 4:
+        raise ProtocolError("tunnel request ends inside its head length")
+    length = _head_length(data[:4])
+    if len(data) < 4 + length:
+        raise ProtocolError("tunnel request ends inside its head")
+    head = _unpack_head(data[4 : 4 + length])
+    body_len = _request_body_length(head, max_body)
+    if len(data) - 4 - length != body_len:
+        raise ProtocolError(
+            f"tunnel request body is {len(data) - 4 - length} bytes, its head says {body_len}"
+        )
+    return _request(head, data[4 + length :])
+
+
+def _request_body_length(head: dict[Any, Any], max_body: int) -> int:
+    """The body length a request head announces, once the head is checked."""
     try:
-        method, path, request_id, body_len = head["m"], head["p"], head["r"], head["b"]
+        method, path, _request_id, body_len = head["m"], head["p"], head["r"], head["b"]
         headers = head.get("h", {})
     except KeyError as exc:
         raise ProtocolError(f"tunnel request head lacks {exc}") from None
@@ -106,8 +138,11 @@ async def read_request(stream: Stream, max_body: int) -> TunnelRequest:
         isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
     ):
         raise ProtocolError("tunnel request headers must map strings to strings")
-    body = await stream.readexactly(body_len) if body_len else b""
-    return TunnelRequest(method, path, body, str(request_id), headers, bool(head.get("t")))
+    return body_len
+
+
+def _request(head: dict[Any, Any], body: bytes) -> TunnelRequest:
+    return TunnelRequest(head["m"], head["p"], body, str(head["r"]), head.get("h", {}), bool(head.get("t")))
 
 
 def encode_response_head(head: TunnelResponseHead) -> bytes:

@@ -223,6 +223,13 @@ class MuxStream:
             raise self._read_exc
         return self._take(n) if n else b""
 
+    def read_all_nowait(self) -> bytes | None:
+        """Everything the peer sent, at once, when it has half-closed and nothing has been read yet; None when
+        that is not so now (read with `read`). For a handler that serves a whole request without waiting."""
+        if not self._remote_eof or self._read_exc is not None or self._read_waiter is not None:
+            return None
+        return self._take(self._buffered) if self._buffered else b""
+
     # --- writing ------------------------------------------------------------------------------------------
     async def write(self, data: bytes) -> None:
         """Queue `data`, waiting for the peer's credit; StreamResetError/ConnectionClosedError if aborted."""
@@ -255,6 +262,28 @@ class MuxStream:
                     await link.wait_writable()
         if link.write_paused:
             await link.wait_writable()
+
+    def write_last_nowait(self, data: bytes) -> bool:
+        """Write `data` and half-close, in one frame, when the peer's credit and the link allow it now; False,
+        with nothing written, when they do not (then `write` and `write_eof`)."""
+        link = self._link
+        n = len(data)
+        if (
+            self._write_exc is not None
+            or self._local_eof
+            or self._write_waiter is not None
+            or n > self._send_window
+            or n > link.max_frame
+            or link.write_paused
+        ):
+            return False
+        self._send_window -= n
+        self._local_eof = True
+        link.send_data(self._id, data, True)
+        link.flush()
+        if self._remote_eof:
+            self._release()
+        return True
 
     async def write_eof(self) -> None:
         """Half-close: the peer reads b"" after what we wrote; we may still read."""

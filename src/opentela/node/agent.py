@@ -244,7 +244,7 @@ class NodeAgent:
         )
         if cfg.trace_dir:
             self._closers.append(trace_applies(self.registry, Path(cfg.trace_dir), self.session_id))
-        self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream)
+        self.host.set_handler(PROTO_HTTP, self.proxy.handle_stream, now=self.proxy.serve_now)
         if roles == (Role.WORKER.value,):
             self.host.set_handler(PROTO_CONTROL, self.control.handle_stream)
         await self.membership.start()

@@ -13,7 +13,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import httptools
@@ -60,6 +60,8 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
+        self.listener: Callable[[], None] | None = None
+        """Called after each batch of bytes and when the connection is lost (EngineCall.listen)."""
         self._reset()
 
     def _reset(self) -> None:
@@ -93,6 +95,8 @@ class _Connection(asyncio.Protocol):
         if self.buffered > _HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
+        if self.listener is not None:
+            self.listener()  # once the parser is done with these bytes, never from inside its callbacks
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows
@@ -107,6 +111,8 @@ class _Connection(asyncio.Protocol):
             return
         if not self.complete:
             self._fail(EngineConnectionError(f"engine closed the connection{f': {exc}' if exc else ''}"))
+        if self.listener is not None:
+            self.listener()
 
     # --- httptools callbacks ---
 
@@ -249,6 +255,77 @@ class EngineResponse:
             conn.close()
 
 
+class EngineCall:
+    """A request sent without waiting on an idle pooled connection (`EngineClient.send_now`).
+
+    Its owner learns of progress through `listen` (called from the connection's callbacks, after each batch of
+    bytes and when the connection is lost), then takes a complete answer (`body`, `finish`), continues in a task
+    (`response`), or drops it (`abandon`)."""
+
+    __slots__ = ("_client", "_conn", "_key")
+
+    def __init__(self, conn: _Connection, client: EngineClient, key: str) -> None:
+        self._conn, self._client, self._key = conn, client, key
+
+    @property
+    def status(self) -> int:
+        """The answer's status, once `head_done`."""
+        return self._conn.status
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The answer's headers (lower-case names), once `head_done`."""
+        return self._conn.headers
+
+    @property
+    def head_done(self) -> bool:
+        """Whether the answer's head is in."""
+        return self._conn.head_done
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole answer is in."""
+        return self._conn.complete and self._conn.error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why the exchange failed, if it did."""
+        return self._conn.error
+
+    @property
+    def received_any(self) -> bool:
+        """Whether the engine sent anything back (if not, it may never have seen the request)."""
+        return self._conn.received_any
+
+    def listen(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` as the answer comes in and if the connection is lost (None: stop)."""
+        self._conn.listener = callback
+
+    def body(self) -> bytes:
+        """The body bytes in so far."""
+        return self._conn.take() if self._conn.chunks else b""
+
+    def finish(self) -> None:
+        """Give the connection back to the pool (a complete, clean exchange), else close it."""
+        conn = self._conn
+        conn.listener = None
+        if conn.complete and conn.keep_alive and not conn.closed and conn.error is None:
+            self._client._put(self._key, conn)
+        else:
+            conn.close()
+
+    def abandon(self) -> None:
+        """Close the connection: the engine sees the client leave and stops working for it."""
+        self._conn.listener = None
+        self._conn.close()
+
+    def response(self) -> EngineResponse:
+        """The answer, to read on in a task like `EngineClient.request`'s; `EngineResponse.release` or
+        `abandon` ends it."""
+        self._conn.listener = None
+        return EngineResponse(self._conn, self._client, self._key, self._client.read_timeout)
+
+
 class EngineClient:
     """Pooled HTTP/1.1 connections to local engines, per target, Unix socket first."""
 
@@ -325,6 +402,23 @@ class EngineClient:
             else:
                 response.release()
             return
+
+    def send_now(
+        self,
+        target: EngineTarget,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> EngineCall | None:
+        """Send one request on an idle pooled connection without waiting for anything; None when there is no idle
+        connection to `target` (then `request`, which opens one)."""
+        key = target.base_url
+        conn = self._get(key)
+        if conn is None:
+            return None
+        conn.send(_request_head(method, path, target, headers or {}, len(body)), body)
+        return EngineCall(conn, self, key)
 
     def _get(self, key: str) -> _Connection | None:
         conns = self._idle.get(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import struct
 
 import msgpack
@@ -15,6 +16,7 @@ from opentela.fabric.http_tunnel import (
     MAX_HEAD_BYTES,
     TunnelRequest,
     TunnelResponseHead,
+    decode_request,
     encode_request,
     encode_response_head,
     read_request,
@@ -54,6 +56,8 @@ async def test_request_round_trip(
         headers,
         timing,
     )
+    whole = decode_request(encode_request(TunnelRequest(method, path, body, rid, headers, timing)), 4096)
+    assert whole == got
 
 
 @given(
@@ -109,10 +113,32 @@ async def test_malformed_request_heads_raise_protocol_error(head: object) -> Non
 
 @given(st.binary(max_size=64))
 async def test_garbage_raises_only_protocol_or_incomplete_read(data: bytes) -> None:
-    import asyncio
-
     stream = await feed(data)
     try:
         await read_request(stream, max_body=1024)
     except (ProtocolError, asyncio.IncompleteReadError):
         pass
+
+
+@given(st.binary(max_size=96), st.integers(0, 64))
+async def test_a_whole_request_decodes_exactly_as_it_reads(data: bytes, max_body: int) -> None:
+    """decode_request (the serving node's no-wait path) accepts what read_request accepts from a stream that ends
+    there, refuses the rest with ProtocolError, and never takes a request with bytes left over."""
+    stream = await feed(data)
+    try:
+        read = await read_request(stream, max_body=max_body)
+        leftover = await stream.read()
+    except (ProtocolError, asyncio.IncompleteReadError):
+        read, leftover = None, b""
+    try:
+        decoded = decode_request(data, max_body)
+    except ProtocolError:
+        decoded = None
+    assert decoded == (read if not leftover else None)
+
+
+@pytest.mark.parametrize("extra", [b"", b"x"])
+async def test_a_request_cut_short_or_with_bytes_after_it_is_refused_whole(extra: bytes) -> None:
+    raw = encode_request(TunnelRequest("POST", "/v1/completions", b"body", "r"))
+    with pytest.raises(ProtocolError):
+        decode_request(raw[:-1] + extra if not extra else raw + extra, max_body=10)

@@ -11,26 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from opentela.node.engine_client import EngineClient, EngineConnectionError, EngineTarget
+from scripted_engine import ok, read_request
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One request's head and body (by Content-Length)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return head, await reader.readexactly(length) if length else b""
-
-
-def ok(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        len(body),
-        extra,
-        body,
-    )
 
 
 class Server:
