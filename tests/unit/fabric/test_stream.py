@@ -104,3 +104,22 @@ async def test_a_reset_after_fin_keeps_what_arrived_readable() -> None:
     stream.feed_data(b"all of it", True)
     stream.feed_reset(ErrorCode.CANCEL, "late")
     assert await stream.read() == b"all of it"
+
+
+async def test_read_all_nowait_gives_everything_only_once_the_peer_has_finished() -> None:
+    stream, _ = make()
+    stream.feed_data(b"ab", False)
+    assert stream.read_all_nowait() is None  # still arriving: nothing taken
+    stream.feed_data(b"cd", True)
+    assert stream.read_all_nowait() == b"abcd"
+    assert stream.read_all_nowait() == b"" and await stream.read() == b""
+
+
+async def test_write_last_nowait_sends_data_and_the_end_in_one_frame_or_nothing() -> None:
+    stream, link = make()
+    assert stream.write_last_nowait(b"x" * (INITIAL_WINDOW + 1)) is False  # over the peer's credit
+    assert link.calls == []
+    stream.feed_data(b"request", True)
+    assert stream.write_last_nowait(b"answer") is True
+    assert link.calls == [("data", 7, b"answer", True), ("release", 7)]
+    assert stream.write_last_nowait(b"more") is False  # already half-closed
