@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -121,12 +122,16 @@ class Call:
     deadline: float = 0.0
     """The loop time by which the whole answer must be out (set when dispatched)."""
     tried: set[str] = field(default_factory=set)
+    pool: Sequence[NodeRecord] | None = None
+    """The replicas `accept` found eligible, for the first attempt (read once)."""
     attempt: Attempt | None = None
     """The attempt whose answer the client gets, once a replica gave one."""
     status: str = "error"
     error: OpenTelaError | None = None
     """What failed for the client, if anything (raised, passed on as the last 5xx, or sent mid-stream)."""
     sent: int = 0
+    answered_at: float = 0.0
+    """When a whole answer was ready for the client (perf_counter); its attempt is booked when the call closes."""
     splice: StreamSplice | None = None
     """Follows a stream's events so that a break after the first byte can resume on another replica."""
     answer: ResponsesAnswer | None = None

@@ -144,6 +144,7 @@ class Forwarder:
         )
         limits = self.timeouts.for_model(body.model, pool)
         call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at, limits)
+        call.pool = pool
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)
         if answer is not None:
@@ -195,7 +196,9 @@ class Forwarder:
         call.deadline = asyncio.get_running_loop().time() + limits.total_timeout
 
         def candidates() -> Sequence[NodeRecord]:
-            return self.router.eligible(call.model, call.routing)
+            pool, call.pool = call.pool, None
+            # `accept`'s pool is still current for the first attempt: nothing has waited since it was read.
+            return pool if pool is not None else self.router.eligible(call.model, call.routing)
 
         try:
             async with asyncio.timeout_at(call.deadline):
@@ -227,16 +230,13 @@ class Forwarder:
         assert attempt.head is not None
         if call.answer is not None:
             content = call.answer.whole(attempt.head.status, content)
-        if attempt.head.status < 500:
-            self._end(attempt, call.routed, ok=True)
-        else:  # the last replica's own 5xx, passed on as it is
+        if attempt.head.status >= 500:  # the last replica's own 5xx, passed on as it is
             call.error = error_from_code(attempt.head.error_code or "engine_error", "engine failed")
-            self._end(attempt, call.routed, ok=False, err=call.error)
+        # The attempt's end and the time to first byte are booked when the call closes, once the client has
+        # its answer: the policies, health and metrics can wait for that, the client should not.
+        call.answered_at = time.perf_counter()
         call.status = str(attempt.head.status)
         call.sent = len(content)
-        self.metrics.series(call.model, attempt.target.peer_id).ttfb.observe(
-            time.perf_counter() - call.arrived
-        )
         return content
 
     async def relay(self, call: Call, first: bytes, write: Write) -> OpenTelaError | None:
@@ -382,7 +382,7 @@ class Forwarder:
     def client_gone(self, call: Call) -> None:
         """The client went away: the serving node hears it, so its engine stops generating for nobody."""
         call.status = "cancelled"
-        if call.attempt is not None:
+        if call.attempt is not None and not call.answered_at:  # a whole answer is in: its replica did its part
             self._end(call.attempt, call.routed, ok=False, reset="client disconnected")
 
     def close(self, call: Call, exc: BaseException | None) -> None:
@@ -393,6 +393,11 @@ class Forwarder:
             call.status = "cancelled"
         attempt, model, node = call.attempt, call.model, call.node
         if attempt is not None:
+            if call.answered_at and not attempt.finished:  # a whole answer, written (or the client gone)
+                self.metrics.series(model, node).ttfb.observe(call.answered_at - call.arrived)
+                assert attempt.head is not None
+                ok = attempt.head.status < 500
+                self._end(attempt, call.routed, ok=ok, err=None if ok else call.error)
             self._end(attempt, call.routed, ok=False, reset="request abandoned")
             series = self.metrics.series(model, node)
             series.bytes_in.inc(call.routed.body_bytes)
