@@ -170,3 +170,36 @@ async def test_a_client_leaving_mid_stream_is_booked_once_as_cancelled() -> None
     assert kit.ended == [("s-a", False)]
     assert kit.reported == []  # a client leaving says nothing about the replica
     assert kit.sample("otela_requests_total", model="sim-model", node="p-a", status="cancelled") == 1
+
+
+async def test_a_whole_answer_is_booked_when_the_call_closes_after_the_client_has_it() -> None:
+    async def opener(target, timeout):  # type: ignore[no-untyped-def]
+        ours, theirs = await answering(200, b'{"ok": true}')
+        await theirs.write_eof()
+        return ours
+
+    kit = Booked(opener, record("a"))
+    with kit.accept() as call:
+        assert await kit.forwarder.dispatch(call) == b'{"ok": true}'
+        # The answer is the client's to have now; its attempt is still open until the call closes.
+        assert kit.ended == [] and kit.sample("otela_in_flight", model="sim-model", node="p-a") == 1
+    kit.each_attempt_booked_once()
+    assert kit.ended == [("s-a", True)]
+    assert kit.sample("otela_in_flight", model="sim-model", node="p-a") == 0
+    assert kit.sample("otela_time_to_first_byte_seconds_count", model="sim-model", node="p-a") == 1
+
+
+async def test_a_client_gone_before_a_whole_answer_is_written_leaves_the_replica_booked_ok() -> None:
+    async def opener(target, timeout):  # type: ignore[no-untyped-def]
+        ours, theirs = await answering(200, b'{"ok": true}')
+        await theirs.write_eof()
+        return ours
+
+    kit = Booked(opener, record("a"))
+    with kit.accept() as call:
+        await kit.forwarder.dispatch(call)
+        kit.forwarder.client_gone(call)  # the write to the client failed
+    kit.each_attempt_booked_once()
+    assert kit.ended == [("s-a", True)]  # the replica answered in full: no failure, no reset
+    assert kit.reported == []
+    assert kit.sample("otela_requests_total", model="sim-model", node="p-a", status="cancelled") == 1
