@@ -382,7 +382,8 @@ class Forwarder:
     def client_gone(self, call: Call) -> None:
         """The client went away: the serving node hears it, so its engine stops generating for nobody."""
         call.status = "cancelled"
-        if call.attempt is not None and not call.answered_at:  # a whole answer is in: its replica did its part
+        # With a whole answer in, its replica did its part: the call's close books it as served.
+        if call.attempt is not None and not call.answered_at:
             self._end(call.attempt, call.routed, ok=False, reset="client disconnected")
 
     def close(self, call: Call, exc: BaseException | None) -> None:

@@ -247,7 +247,10 @@ class LocalEngineProxy:
                 await self._write_error(stream, UpstreamTimeout("engine did not answer in time"))
         except asyncio.CancelledError:
             if not abandoned or task is None or task.uncancel() > 0:
-                raise  # the node is shutting down, not the asker giving up
+                # The node is shutting down, not the asker giving up: the asker learns it now, whichever task
+                # set ran this (the host's handler tasks reset the stream too; a second reset does nothing).
+                stream.reset(RESET_CANCELLED, "serving node shutting down")
+                raise
             self.abandoned += 1
             logger.info("request %s abandoned by its asker: engine request closed", request.request_id)
         finally:

@@ -336,3 +336,32 @@ async def test_no_credit_for_the_answer_waits_for_it_in_a_task() -> None:
         assert head.status == 200 and body == big
         assert (proxy.served_now, proxy.in_flight) == (0, 0)
         await proxy.aclose()
+
+
+async def test_a_node_shutting_down_resets_the_streams_it_still_serves() -> None:
+    def holds(ref: list[Engine]) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                _, body = await read_request(reader)
+                if b"hold" in body:
+                    await reader.readexactly(1)  # never answers; ends when the client closes the connection
+                writer.write(ok(b"{}"))
+                await writer.drain()
+
+        return handle
+
+    async with await engine_of(holds) as engine:
+        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
+        await warm(proxy)
+        waiting, theirs = await request_stream(b'{"hold": 1}')
+        assert proxy.serve_now(theirs) is True  # waits on the engine connection's callback
+        fresh = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
+        in_task, theirs_too = await request_stream(b'{"hold": 2}')
+        assert fresh.serve_now(theirs_too) is True  # no idle connection: it goes on in a task
+        await asyncio.sleep(0.05)
+        await proxy.aclose()
+        await fresh.aclose()
+        for ours in (waiting, in_task):
+            with pytest.raises(StreamResetError):
+                await asyncio.wait_for(ours.read(), 5)
+        assert proxy.in_flight == 0 and fresh.in_flight == 0
