@@ -76,6 +76,17 @@ async def answering(status: int, body: bytes, headers: dict[str, str] | None = N
     return ours, theirs
 
 
+def whole_answer(status: int, body: bytes):  # type: ignore[no-untyped-def]
+    """An opener whose every stream holds a finished answer."""
+
+    async def opener(target, timeout):  # type: ignore[no-untyped-def]
+        ours, theirs = await answering(status, body)
+        await theirs.write_eof()
+        return ours
+
+    return opener
+
+
 async def test_a_retry_then_a_success_books_each_attempt_once() -> None:
     opened: list[str] = []
 
@@ -109,12 +120,7 @@ async def test_a_retry_then_a_success_books_each_attempt_once() -> None:
 
 
 async def test_an_engine_5xx_is_retried_and_the_last_one_passed_on_booked_once() -> None:
-    async def opener(target, timeout):  # type: ignore[no-untyped-def]
-        ours, theirs = await answering(503, b'{"error": {}}')
-        await theirs.write_eof()
-        return ours
-
-    kit = Booked(opener, record("a"), record("b"))
+    kit = Booked(whole_answer(503, b'{"error": {}}'), record("a"), record("b"))
     with kit.accept() as call:
         await kit.forwarder.dispatch(call)
     kit.each_attempt_booked_once()
@@ -173,12 +179,7 @@ async def test_a_client_leaving_mid_stream_is_booked_once_as_cancelled() -> None
 
 
 async def test_a_whole_answer_is_booked_when_the_call_closes_after_the_client_has_it() -> None:
-    async def opener(target, timeout):  # type: ignore[no-untyped-def]
-        ours, theirs = await answering(200, b'{"ok": true}')
-        await theirs.write_eof()
-        return ours
-
-    kit = Booked(opener, record("a"))
+    kit = Booked(whole_answer(200, b'{"ok": true}'), record("a"))
     with kit.accept() as call:
         assert await kit.forwarder.dispatch(call) == b'{"ok": true}'
         # The answer is the client's to have now; its attempt is still open until the call closes.
@@ -190,12 +191,7 @@ async def test_a_whole_answer_is_booked_when_the_call_closes_after_the_client_ha
 
 
 async def test_a_client_gone_before_a_whole_answer_is_written_leaves_the_replica_booked_ok() -> None:
-    async def opener(target, timeout):  # type: ignore[no-untyped-def]
-        ours, theirs = await answering(200, b'{"ok": true}')
-        await theirs.write_eof()
-        return ours
-
-    kit = Booked(opener, record("a"))
+    kit = Booked(whole_answer(200, b'{"ok": true}'), record("a"))
     with kit.accept() as call:
         await kit.forwarder.dispatch(call)
         kit.forwarder.client_gone(call)  # the write to the client failed

@@ -29,10 +29,11 @@ BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]
 
 
 class Engine:
-    """A scripted engine: `handler` runs per connection; counts connections and notes when each one ends."""
+    """A scripted engine: `make(engine)` gives the handler each connection runs; counts connections and notes
+    when the client ended one."""
 
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
+    def __init__(self, make: Callable[[Engine], Handler]) -> None:
+        self.handler = make(self)
         self.connections = 0
         self.closed_by_client = 0
         self.requests: list[bytes] = []
@@ -63,21 +64,34 @@ class Engine:
         return EngineTarget(f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}")
 
 
-def echo(engine_ref: list[Engine]) -> Handler:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while True:
-            head, body = await read_request(reader)
-            engine_ref[0].requests.append(head)
-            writer.write(ok(b'{"echo":' + body + b"}"))
-            await writer.drain()
+def replying(reply: Callable[[bytes], bytes | None]) -> Callable[[Engine], Handler]:
+    """An engine that answers each request of a connection with `reply(body)`, noting its head; None: it never
+    answers that one (the handler then ends when the client closes the connection)."""
 
-    return handle
+    def make(engine: Engine) -> Handler:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                head, body = await read_request(reader)
+                engine.requests.append(head)
+                answer = reply(body)
+                if answer is None:
+                    await reader.readexactly(1)  # raises once the client closes the connection
+                    return
+                writer.write(answer)
+                await writer.drain()
+
+        return handle
+
+    return make
 
 
-def after_one_answer(then: Handler) -> Callable[[list[Engine]], Handler]:
+echo = replying(lambda body: ok(b'{"echo":' + body + b"}"))
+
+
+def after_one_answer(then: Handler) -> Callable[[Engine], Handler]:
     """An engine that answers a connection's first request (the warm-up) and hands the next one to `then`."""
 
-    def make(ref: list[Engine]) -> Handler:
+    def make(engine: Engine) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await read_request(reader)
             writer.write(ok(b"{}"))
@@ -87,13 +101,6 @@ def after_one_answer(then: Handler) -> Callable[[list[Engine]], Handler]:
         return handle
 
     return make
-
-
-async def engine_of(make: Callable[[list[Engine]], Handler]) -> Engine:
-    ref: list[Engine] = []
-    engine = Engine(make(ref))
-    ref.append(engine)
-    return engine
 
 
 async def request_stream(body: bytes = BODY, *, finished: bool = True) -> tuple[Stream, Stream]:
@@ -123,10 +130,16 @@ async def warm(proxy: LocalEngineProxy) -> None:
     assert head.status == 200
 
 
+async def warmed(engine: Engine, read_timeout: float = 600.0) -> LocalEngineProxy:
+    """A proxy to `engine` with an idle pooled connection, ready for `serve_now`."""
+    proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20, read_timeout=read_timeout)
+    await warm(proxy)
+    return proxy
+
+
 async def test_a_whole_request_is_answered_from_the_engine_connections_callback() -> None:
-    async with await engine_of(echo) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(echo) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
         head, body = await answer_of(ours)
@@ -145,9 +158,8 @@ async def test_a_whole_request_is_answered_from_the_engine_connections_callback(
 
 
 async def test_a_request_still_arriving_is_left_to_the_task_with_nothing_read() -> None:
-    async with await engine_of(echo) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(echo) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream(finished=False)
         assert proxy.serve_now(theirs) is False
         await ours.write_eof()
@@ -159,7 +171,7 @@ async def test_a_request_still_arriving_is_left_to_the_task_with_nothing_read() 
 
 
 async def test_with_no_idle_connection_it_goes_on_in_a_task() -> None:
-    async with await engine_of(echo) as engine:
+    async with Engine(echo) as engine:
         proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
@@ -180,7 +192,7 @@ async def test_no_engine_for_the_model_is_an_error_answer() -> None:
 
 
 async def test_a_streamed_answer_goes_on_in_a_task_chunk_by_chunk() -> None:
-    def streamed(ref: list[Engine]) -> Handler:
+    def streamed(engine: Engine) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             while True:
                 await read_request(reader)
@@ -197,9 +209,8 @@ async def test_a_streamed_answer_goes_on_in_a_task_chunk_by_chunk() -> None:
 
         return handle
 
-    async with await engine_of(streamed) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(streamed) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
         head, body = await answer_of(ours)
@@ -216,9 +227,8 @@ async def test_the_asker_giving_up_closes_the_engine_request() -> None:
 
     silent_after_one = after_one_answer(never_answers)
 
-    async with await engine_of(silent_after_one) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(silent_after_one) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
         await asyncio.sleep(0.05)
@@ -240,9 +250,8 @@ async def test_silence_past_the_read_timeout_is_a_timeout_answer() -> None:
 
     silent_after_one = after_one_answer(silent)
 
-    async with await engine_of(silent_after_one) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20, read_timeout=0.2)
-        await warm(proxy)
+    async with Engine(silent_after_one) as engine:
+        proxy = await warmed(engine, read_timeout=0.2)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
         head, _ = await answer_of(ours)
@@ -252,18 +261,17 @@ async def test_silence_past_the_read_timeout_is_a_timeout_answer() -> None:
 
 
 async def test_an_idle_connection_the_engine_closed_gets_the_request_again() -> None:
-    def one_per_connection(ref: list[Engine]) -> Handler:
+    def one_per_connection(engine: Engine) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await read_request(reader)
-            writer.write(ok(b'{"n":%d}' % ref[0].connections))
+            writer.write(ok(b'{"n":%d}' % engine.connections))
             await writer.drain()
             # Keep-alive was promised, but the connection ends here (as an engine's idle timeout would).
 
         return handle
 
-    async with await engine_of(one_per_connection) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(one_per_connection) as engine:
+        proxy = await warmed(engine)
         await asyncio.sleep(0.05)  # the engine's close has not been seen by the pool yet, or just was
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
@@ -285,9 +293,8 @@ async def test_an_engine_dying_mid_answer_is_an_error_answer_before_the_head_and
 
     dies_mid_body = after_one_answer(breaks)
 
-    async with await engine_of(dies_mid_body) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(dies_mid_body) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream(b'{"sized": 1}')
         assert proxy.serve_now(theirs) is True
         head, _ = await answer_of(ours)
@@ -318,18 +325,10 @@ async def test_a_malformed_request_resets_the_stream() -> None:
 async def test_no_credit_for_the_answer_waits_for_it_in_a_task() -> None:
     big = b"y" * 600_000  # more than the asker's initial window and one frame
 
-    def large(ref: list[Engine]) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                await read_request(reader)
-                writer.write(ok(big))
-                await writer.drain()
+    large = replying(lambda _: ok(big))
 
-        return handle
-
-    async with await engine_of(large) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(large) as engine:
+        proxy = await warmed(engine)
         ours, theirs = await request_stream()
         assert proxy.serve_now(theirs) is True
         head, body = await answer_of(ours)
@@ -339,20 +338,10 @@ async def test_no_credit_for_the_answer_waits_for_it_in_a_task() -> None:
 
 
 async def test_a_node_shutting_down_resets_the_streams_it_still_serves() -> None:
-    def holds(ref: list[Engine]) -> Handler:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            while True:
-                _, body = await read_request(reader)
-                if b"hold" in body:
-                    await reader.readexactly(1)  # never answers; ends when the client closes the connection
-                writer.write(ok(b"{}"))
-                await writer.drain()
+    holds = replying(lambda body: None if b"hold" in body else ok(b"{}"))
 
-        return handle
-
-    async with await engine_of(holds) as engine:
-        proxy = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
-        await warm(proxy)
+    async with Engine(holds) as engine:
+        proxy = await warmed(engine)
         waiting, theirs = await request_stream(b'{"hold": 1}')
         assert proxy.serve_now(theirs) is True  # waits on the engine connection's callback
         fresh = LocalEngineProxy(lambda _m: engine.target, max_body=1 << 20)
