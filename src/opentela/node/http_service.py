@@ -188,8 +188,7 @@ class LocalEngineProxy:
         head_sent: list[bool],
     ) -> None:
         """Write the engine's answer to `stream`: head and a complete body in one write, else as it comes."""
-        out_headers = {k: resp.headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in resp.headers}
-        head = encode_response_head(self._head(resp.status, out_headers, request, sent_at, arrived))
+        head = self._response_head(resp.status, resp.headers, request, sent_at, arrived)
         if resp.content_length is not None:
             # Small, complete bodies go out with the head in one write: one frame, one syscall.
             body = await resp.read()
@@ -259,15 +258,22 @@ class LocalEngineProxy:
             self._ended(base)
 
     @staticmethod
-    def _head(
-        status: int, headers: dict[str, str], request: TunnelRequest, sent_at: float, arrived: float | None
-    ) -> TunnelResponseHead:
+    def _response_head(
+        status: int,
+        engine_headers: dict[str, str],
+        request: TunnelRequest,
+        sent_at: float,
+        arrived: float | None,
+    ) -> bytes:
+        """The tunnel's response head for an engine answer: its status, the headers that travel, and the node's
+        and engine's times when the request asked for them."""
+        headers = {k: engine_headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in engine_headers}
         if not request.timing:
-            return TunnelResponseHead(status, headers)
+            return encode_response_head(TunnelResponseHead(status, headers))
         now = time.perf_counter()
         engine_us = int((now - sent_at) * 1e6)
         node_us = int((now - arrived) * 1e6) - engine_us if arrived is not None else None
-        return TunnelResponseHead(status, headers, None, engine_us, node_us)
+        return encode_response_head(TunnelResponseHead(status, headers, None, engine_us, node_us))
 
     @staticmethod
     async def _write_error(stream: Stream, err: OpenTelaError) -> None:
@@ -311,19 +317,21 @@ class _PendingAnswer:
             self.timer = asyncio.get_running_loop().call_later(timeout, self.expire)
         self.call.listen(self.progress)
 
-    def _stop(self) -> None:
+    def _stop(self, *, drop: bool = False) -> None:
+        """Stop watching; with `drop`, also close the engine connection (the engine sees its client leave)."""
         self.proxy._pending.discard(self)
         self.call.listen(None)
         self.stream.on_abort(None)
         if self.timer is not None:
             self.timer.cancel()
+        if drop:
+            self.call.abandon()
 
     def progress(self) -> None:
         """The engine sent something, or its connection is gone."""
         call = self.call
         if call.error is not None:
-            self._stop()
-            call.abandon()
+            self._stop(drop=True)
             if not call.received_any:
                 # The engine never saw the request (an idle connection it had closed): `forward` sends it again on
                 # a new connection, and reports a failure there as it would any other.
@@ -340,9 +348,8 @@ class _PendingAnswer:
         if not call.complete:
             self._hand_over(self._relay_rest(call.response()))  # streamed, or the body still coming
             return
-        out_headers = {k: call.headers[k] for k in FORWARDED_RESPONSE_HEADERS if k in call.headers}
-        head = self.proxy._head(call.status, out_headers, self.request, self.sent_at, self.arrived)
-        answer = encode_response_head(head) + call.body()
+        head = self.proxy._response_head(call.status, call.headers, self.request, self.sent_at, self.arrived)
+        answer = head + call.body()
         call.finish()
         if self.stream.write_last_nowait(answer):
             self.proxy.served += 1
@@ -353,23 +360,20 @@ class _PendingAnswer:
 
     def abort(self) -> None:
         """The asker reset the stream: the engine request is closed, so the engine stops working for nobody."""
-        self._stop()
-        self.call.abandon()
+        self._stop(drop=True)
         self.proxy.abandoned += 1
         self.proxy._ended(self.base)
         logger.info("request %s abandoned by its asker: engine request closed", self.request.request_id)
 
     def cancel(self) -> None:
         """The node is shutting down: the engine request is closed and the stream reset."""
-        self._stop()
-        self.call.abandon()
+        self._stop(drop=True)
         self.proxy._ended(self.base)
         self.stream.reset(RESET_CANCELLED, "serving node shutting down")
 
     def expire(self) -> None:
         """The engine said nothing for the read timeout."""
-        self._stop()
-        self.call.abandon()
+        self._stop(drop=True)
         self._hand_over(_raise(TimeoutError("engine stopped producing output")))
 
     def _hand_over(self, exchange: Coroutine[Any, Any, None]) -> None:
