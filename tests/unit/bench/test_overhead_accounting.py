@@ -160,3 +160,17 @@ def test_the_one_rotation_comparison_sits_beside_the_blocks() -> None:
     }
     assert "| mesh | 300 | 1.4 | 1.1 | 2.0 | 1.6 |" in overhead._rotation_lines(result)
     assert overhead._rotation_lines({"sequential": [mesh]}) == []
+
+
+async def test_open_loop_paths_are_independent_streams_unless_sent_together() -> None:
+    log: list[str] = []
+    via, direct = _LoggedPath("mesh", 0.004, log), _LoggedPath("direct", 0.003, log)
+    await overhead.open_loop_paths(None, [via], direct, 400.0, 0.5, seed=3)  # type: ignore[arg-type]
+    counts = {name: log.count(name) for name in ("mesh", "direct")}
+    assert all(120 <= n <= 280 for n in counts.values()), counts  # each about 400 req/s x 0.5 s
+    pairs = [set(log[i : i + 2]) for i in range(0, len(log) - 1, 2)]
+    assert any(len(p) == 1 for p in pairs)  # the same path twice in a row: arrivals are not paired
+    log.clear()
+    res = await overhead.open_loop_paths(None, [via], direct, 400.0, 0.5, seed=3, together=True)  # type: ignore[arg-type]
+    assert log.count("mesh") == log.count("direct") and res[0]["layout"] == "together"
+    assert all(len(set(log[i : i + 2])) == 2 for i in range(0, len(log), 2))  # every arrival sent on both
