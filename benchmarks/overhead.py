@@ -934,7 +934,8 @@ def _together_lines(result: dict) -> list[str]:
         "every request was measured while its twin ran on the same two cores (the hop alone read 1.1-1.5 ms there,",
         "against 0.45-0.9 ms sequentially). Measured again in that layout, after the rates above:",
         "",
-        "| path | requests | added p50 together | independent (above) | added p99 together | independent | hop together |",
+        "| path | requests | added p50 together | independent (above) | added p99 together | independent "
+        "| hop together |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in together:
