@@ -77,9 +77,66 @@ def render_error(err: OpenTelaError, request_id: str | None = None) -> tuple[int
     return err.status_code, error_headers(err, request_id), json.dumps(error_body(err)).encode()
 
 
+_TYPE_BY_STATUS = {
+    401: "authentication_error",
+    403: "permission_error",
+    429: "rate_limit_error",
+}
+_OPENAI_TYPES = frozenset(
+    ("invalid_request_error", "authentication_error", "permission_error", "rate_limit_error", "server_error")
+)
+_CONTEXT_ERRORS = ("exceed_context_size_error", "context_length_exceeded")
+"""Engine error types (llama.cpp's, OpenAI's) for a prompt longer than the model's context window."""
+_PROMPT_FIELD = {"chat": "messages", "completions": "prompt", "embeddings": "input"}
+
+
+def engine_error_body(status: int, content: bytes, kind: str | None = None) -> bytes:
+    """An engine's error answer in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}` with a
+    string (or null) code: engines answer in their own words (llama.cpp puts its HTTP status in `code` and
+    no `param`, vLLM puts `message` at the top level, FastAPI a `detail`), and SDKs read these four fields.
+    An answer already in that shape (a serving node's own errors included) is returned as it is; other fields
+    of the engine's error object are kept beside the four."""
+    try:
+        parsed = json.loads(content)
+    except ValueError:  # not JSON (or not UTF-8): the text itself is the message
+        parsed = None
+    inner = parsed.get("error") if isinstance(parsed, dict) else None
+    source: dict[str, Any] = inner if isinstance(inner, dict) else parsed if isinstance(parsed, dict) else {}
+    etype, code, param = source.get("type"), source.get("code"), source.get("param")
+    if (
+        isinstance(inner, dict)
+        and type(etype) is str
+        and (code is None or type(code) is str)
+        and "param" in inner
+        and type(inner.get("message")) is str
+    ):
+        return content
+    message = source.get("message") or source.get("detail") or (inner if isinstance(inner, str) else None)
+    if message is None:
+        text = content.decode("utf-8", "replace").strip()
+        message = text[:1000] or f"the engine answered HTTP {status}"
+    elif not isinstance(message, str):
+        message = json.dumps(message)
+    if type(code) is not str:
+        # A number here is the engine repeating its HTTP status; its own kind of error says more.
+        code = etype if type(etype) is str and etype not in _OPENAI_TYPES else None
+    if code in _CONTEXT_ERRORS:
+        code = "context_length_exceeded"
+        param = param if type(param) is str else _PROMPT_FIELD.get(kind or "")
+    error = {
+        "message": message,
+        "type": _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error"),
+        "param": param if type(param) is str else None,
+        "code": code,
+    }
+    for key, value in source.items():
+        if key not in error and key not in ("detail", "object"):
+            error[key] = value
+    return json.dumps({"error": error}).encode()
+
+
 # --- request bodies -----------------------------------------------------------------------------------------
 _POSITIVE_INTS = ("max_tokens", "max_completion_tokens", "n")
-_NUMBERS = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
 
 
 MAX_JSON_DEPTH = 128
@@ -101,10 +158,26 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# NaN, Infinity and numbers too large for a double are not JSON (RFC 8259): Python's parser takes them, but an
+# engine refuses them in its own words, and a stored usage row holding one could no longer be listed as JSON.
+_DECODER = json.JSONDecoder(parse_float=_finite, parse_constant=_no_constant)
+
+
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or a 400 that says what is wrong (never a 500, whatever the bytes)."""
     try:
-        body = json.loads(raw)
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:
         raise InvalidRequestError(f"request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (UnicodeDecodeError, ValueError) as exc:
@@ -133,25 +206,46 @@ def model_and_stream(body: Mapping[str, Any]) -> tuple[str, bool]:
     return model, stream
 
 
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_RANGES = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+}
+"""OpenAI's ranges for the sampling numbers (inclusive)."""
+_TOOL_CHOICES = ("none", "auto", "required")
+_RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
 def validate(kind: str, body: Mapping[str, Any]) -> tuple[str, bool]:
     """(model, stream) of a well-formed request of `kind` ("chat", "completions", "embeddings"); a 400 if not.
 
-    The gateway applies only `model_and_stream` (engines check the rest); the frontend, which meters what it
-    admits, applies all of this before anything is forwarded.
+    The gateway and the frontend both apply these rules before anything is forwarded: what OpenAI's API
+    refuses is refused here, in its error shape with the field named, instead of reaching an engine that
+    answers in its own words, ignores the field, or fails with a 500 that would count against its health.
     """
     model, stream = model_and_stream(body)
     if kind == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InvalidRequestError("`messages` must be a non-empty list", param="messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        _check_messages(body.get("messages"))
+        _check_tools(body)
+        logprobs = body.get("logprobs")
+        if logprobs is not None and type(logprobs) is not bool:
+            raise InvalidRequestError("`logprobs` must be true or false", param="logprobs")
+        top = body.get("top_logprobs")
+        if top is not None:
+            if type(top) is not int or not 0 <= top <= 20:
                 raise InvalidRequestError(
-                    f"messages[{i}] must be an object with a `role` string", param=f"messages[{i}]"
+                    "`top_logprobs` must be an integer from 0 to 20", param="top_logprobs"
                 )
+            if logprobs is not True:
+                raise InvalidRequestError("`top_logprobs` needs `logprobs` set to true", param="top_logprobs")
     elif kind == "completions":
         if not isinstance(body.get("prompt"), (str, list)):
             raise InvalidRequestError("`prompt` must be a string or a list", param="prompt")
+        logprobs = body.get("logprobs")
+        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= 5):
+            raise InvalidRequestError("`logprobs` must be an integer from 0 to 5", param="logprobs")
     elif kind == "embeddings":
         if not isinstance(body.get("input"), (str, list)) or not body.get("input"):
             raise InvalidRequestError("`input` must be a non-empty string or list", param="input")
@@ -159,16 +253,96 @@ def validate(kind: str, body: Mapping[str, Any]) -> tuple[str, bool]:
             raise InvalidRequestError("embeddings cannot be streamed", param="stream")
     for name in _POSITIVE_INTS:
         value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (type(value) is not int or value < 1):
             raise InvalidRequestError(f"`{name}` must be a positive integer", param=name)
-    for name in _NUMBERS:
+    for name, (low, high) in _RANGES.items():
         value = body.get(name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise InvalidRequestError(f"`{name}` must be a number", param=name)
+        # type() rather than isinstance(): true and false are ints to isinstance, not numbers to OpenAI.
+        if value is not None and (type(value) not in (int, float) or not low <= value <= high):
+            raise InvalidRequestError(f"`{name}` must be a number from {low:g} to {high:g}", param=name)
+    seed = body.get("seed")
+    if seed is not None and type(seed) is not int:
+        raise InvalidRequestError("`seed` must be an integer", param="seed")
+    stop = body.get("stop")
+    if stop is not None and type(stop) is not str:
+        if type(stop) is not list or not all(type(x) is str for x in stop):
+            raise InvalidRequestError("`stop` must be a string or a list of strings", param="stop")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise InvalidRequestError("`stream_options` must be an object", param="stream_options")
+    user = body.get("user")
+    if user is not None and type(user) is not str:
+        raise InvalidRequestError("`user` must be a string", param="user")
     return model, stream
+
+
+def _check_messages(messages: Any) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise InvalidRequestError("`messages` must be a non-empty list", param="messages")
+    for i, m in enumerate(messages):
+        if type(m) is not dict:
+            raise InvalidRequestError(f"messages[{i}] must be an object", param=f"messages[{i}]")
+        role = m.get("role")
+        if type(role) is not str or role not in _ROLES:
+            raise InvalidRequestError(
+                f"messages[{i}].role must be one of {', '.join(_ROLES)}", param=f"messages[{i}].role"
+            )
+        content = m.get("content")
+        if content is None:
+            # Only an assistant turn may leave it out (it then carries tool calls).
+            if role != "assistant":
+                raise InvalidRequestError(
+                    f"messages[{i}].content is required for role {role}", param=f"messages[{i}].content"
+                )
+        elif type(content) is not str and type(content) is not list:
+            raise InvalidRequestError(
+                f"messages[{i}].content must be a string or a list of content parts",
+                param=f"messages[{i}].content",
+            )
+
+
+def _check_tools(body: Mapping[str, Any]) -> None:
+    tools = body.get("tools")
+    if tools is not None:
+        if type(tools) is not list:
+            raise InvalidRequestError("`tools` must be a list of tool objects", param="tools")
+        for i, tool in enumerate(tools):
+            if type(tool) is not dict or type(tool.get("type")) is not str:
+                raise InvalidRequestError(f"tools[{i}] must be an object with a `type`", param=f"tools[{i}]")
+            function = tool.get("function")
+            if tool["type"] == "function" and (
+                type(function) is not dict or type(function.get("name")) is not str
+            ):
+                raise InvalidRequestError(
+                    f"tools[{i}].function must be an object with a `name` string",
+                    param=f"tools[{i}].function",
+                )
+    choice = body.get("tool_choice")
+    if choice is not None:
+        if type(choice) is str:
+            if choice not in _TOOL_CHOICES:
+                raise InvalidRequestError(
+                    f"`tool_choice` must be one of {', '.join(_TOOL_CHOICES)} or an object",
+                    param="tool_choice",
+                )
+        elif type(choice) is not dict:
+            raise InvalidRequestError("`tool_choice` must be a string or an object", param="tool_choice")
+        if choice != "none" and not tools:
+            raise InvalidRequestError(
+                "`tool_choice` is only allowed when `tools` are given", param="tool_choice"
+            )
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if type(fmt) is dict else None
+        if type(kind) is not str or kind not in _RESPONSE_FORMATS:
+            raise InvalidRequestError(
+                f"`response_format` must be an object whose type is one of {', '.join(_RESPONSE_FORMATS)}",
+                param="response_format",
+            )
+        if kind == "json_schema" and type(fmt.get("json_schema")) is not dict:
+            raise InvalidRequestError(
+                "`response_format` of type json_schema needs a `json_schema` object", param="response_format"
+            )
 
 
 # --- token estimate -----------------------------------------------------------------------------------------

@@ -148,3 +148,75 @@ def test_inference_paths_name_their_body_kind() -> None:
         "/v1/completions": "completions",
         "/v1/embeddings": "embeddings",
     }
+
+
+def _error_of(status: int, content: bytes, kind: str | None = "chat") -> dict:
+    return json.loads(edge.engine_error_body(status, content, kind))["error"]
+
+
+def test_engine_errors_come_out_in_openai_shape() -> None:
+    llama = {
+        "error": {
+            "code": 400,
+            "message": "request (5031 tokens) exceeds the available context size (2048 tokens)",
+            "type": "exceed_context_size_error",
+            "n_prompt_tokens": 5031,
+            "n_ctx": 2048,
+        }
+    }
+    err = _error_of(400, json.dumps(llama).encode())
+    assert (err["type"], err["code"], err["param"]) == (
+        "invalid_request_error",
+        "context_length_exceeded",
+        "messages",
+    )
+    assert err["message"].startswith("request (5031 tokens)") and err["n_ctx"] == 2048
+    assert _error_of(400, json.dumps(llama).encode(), "completions")["param"] == "prompt"
+    vllm = {"object": "error", "message": "bad n", "type": "BadRequestError", "param": None, "code": 400}
+    assert _error_of(400, json.dumps(vllm).encode()) == {
+        "message": "bad n",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "BadRequestError",
+    }
+    assert _error_of(422, b'{"detail": [{"loc": ["body"], "msg": "field required"}]}')["message"].startswith(
+        "[{"
+    )
+    assert _error_of(500, b"boom\n") == {
+        "message": "boom",
+        "type": "server_error",
+        "param": None,
+        "code": None,
+    }
+    assert _error_of(503, b"")["message"] == "the engine answered HTTP 503"
+    assert _error_of(401, b'{"error": "no key"}')["type"] == "authentication_error"
+    assert _error_of(501, b'{"error": {"code": 501, "message": "x", "type": "not_supported_error"}}')[
+        "code"
+    ] == ("not_supported_error")
+    assert _error_of(400, b"\xff\xfe not utf-8")["type"] == "invalid_request_error"
+
+
+def test_an_openai_shaped_engine_error_passes_unchanged() -> None:
+    raw = json.dumps(NoHealthyReplicaError("none").to_openai()).encode()
+    assert edge.engine_error_body(503, raw) is raw
+    ours = {"error": {"message": "m", "type": "invalid_request_error", "param": "n", "code": None}}
+    raw = json.dumps(ours).encode()
+    assert edge.engine_error_body(400, raw) is raw
+
+
+@given(st.binary(max_size=200), st.integers(min_value=400, max_value=599))
+def test_any_engine_error_bytes_become_the_four_fields(content: bytes, status: int) -> None:
+    err = json.loads(edge.engine_error_body(status, content))["error"]
+    assert (
+        isinstance(err["message"], str)
+        and err["type"]
+        in {
+            "invalid_request_error",
+            "authentication_error",
+            "permission_error",
+            "rate_limit_error",
+            "server_error",
+        }
+        or edge.engine_error_body(status, content) == content
+    )
+    assert err["code"] is None or isinstance(err["code"], str)

@@ -80,6 +80,7 @@ class Generation:
         pace: Pace,
         crash: bool,
         first_word: int = 0,
+        crash_events: int = 1,
     ) -> None:
         self.host = host
         self.request = request
@@ -89,6 +90,8 @@ class Generation:
         self.usage = usage
         self.pace = pace
         self.crash = crash
+        self.crash_events = crash_events
+        """SSE events a crashing stream sends before it dies."""
         self.first_word = first_word
         self.id = host.next_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
@@ -140,7 +143,7 @@ class Generation:
         """Send one SSE chunk per token on the pace, a final chunk, usage if asked, then [DONE]."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(self.request)
-        if self.crash and not self.n_tokens:
+        if self.crash and (not self.n_tokens or not self.crash_events):
             await self.pace.token(0)
             self.host.crash(self.request)
             return await self.host.hang(self.request)
@@ -149,7 +152,7 @@ class Generation:
             chunk = self._chunk(k, include_usage)
             self.host.bytes_streamed += len(chunk)
             await resp.write(chunk)
-            if self.crash:
+            if self.crash and k + 1 >= self.crash_events:
                 self.host.crash(self.request)
                 return await self.host.hang(self.request)
         await resp.write(self._chunk(None, include_usage))

@@ -325,6 +325,7 @@ class SimulatedHandlers:
                     pace=pace,
                     crash=fate == "crash",
                     first_word=_words_continued(body, chat),
+                    crash_events=self.config.crash_events,
                 )
                 if body.get("stream"):
                     include_usage = bool((body.get("stream_options") or {}).get("include_usage"))

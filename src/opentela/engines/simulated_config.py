@@ -65,6 +65,10 @@ class SimulatedConfig:
         default=None,
         metadata={"help": "serve N requests, then exit hard on the next (mid-stream if streaming)"},
     )
+    crash_events: int = field(
+        default=1,
+        metadata={"help": "SSE events a crashing stream sends before it dies (0: right after its headers)"},
+    )
     hang_after: int | None = field(
         default=None, metadata={"help": "serve N requests, then stop answering anything, health included"}
     )

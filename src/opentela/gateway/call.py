@@ -138,6 +138,8 @@ class Call:
     """A Responses request served by a chat engine: turns the chat answer into a Response."""
     events: ResponsesEventStream | None = None
     """The same, for a streamed answer: writes the Responses events as chat chunks arrive."""
+    kind: str | None = None
+    """The OpenAI route's kind of body (chat, completions, embeddings); None for other routes."""
 
     @property
     def model(self) -> str:

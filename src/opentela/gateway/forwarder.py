@@ -107,6 +107,9 @@ class Forwarder:
         a chat request whose answer is translated back (gateway/responses.py)."""
         asked = edge.parse_body(raw)
         changed = self._resolve_model(asked)
+        kind = edge.INFERENCE_PATHS.get(path)
+        if kind is not None:
+            edge.validate(kind, asked)
         answer = None
         if path == responses.RESPONSES_PATH:
             path, asked, answer = self._responses(asked, headers)
@@ -145,6 +148,7 @@ class Forwarder:
         limits = self.timeouts.for_model(body.model, pool)
         call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at, limits)
         call.pool = pool
+        call.kind = kind
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)
         if answer is not None:
@@ -228,6 +232,8 @@ class Forwarder:
                 f"(timeout class {limits.name})"
             ) from None
         assert attempt.head is not None
+        if attempt.head.status >= 400:
+            content = edge.engine_error_body(attempt.head.status, content, call.kind)
         if call.answer is not None:
             content = call.answer.whole(attempt.head.status, content)
         if attempt.head.status >= 500:  # the last replica's own 5xx, passed on as it is

@@ -39,11 +39,12 @@ async def test_failure_after_first_byte_with_resume_off_ends_with_an_error_event
 
 async def test_failure_before_first_byte_of_a_stream_is_retried() -> None:
     async with gateway_kit(policy="round_robin") as kit:
-        # crash_after=0 with no tokens: the engine sends its headers, then dies before any event
-        await kit.replica("a", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
-        await kit.replica("b", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
+        # crash_events=0: the engine sends its headers, then dies before any event
+        dies = SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0, crash_events=0)
+        await kit.replica("a", dies)
+        await kit.replica("b", dies)
         await kit.replica("c")
-        status, headers, events = await read_events(kit, chat(max_tokens=0, stream=True))
+        status, headers, events = await read_events(kit, chat(max_tokens=1, stream=True))
         assert status == 200
         assert events[-1] == "[DONE]"
         assert headers["X-Otela-Session"] == "s-c"

@@ -100,7 +100,13 @@ async def serve_inference(
         assert attempt is not None and attempt.head is not None
         answer = answer_headers(call, st.config.server_timing)
         if not attempt.event_stream:
-            answer["Content-Type"] = attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
+            status = attempt.head.status
+            # An error answer is OpenAI error JSON by now (`engine_error_body`), whatever the engine sent.
+            answer["Content-Type"] = (
+                edge.JSON_CONTENT_TYPE
+                if status >= 400
+                else attempt.head.headers.get("content-type", edge.JSON_CONTENT_TYPE)
+            )
             # Written inside `with call`, so that the client has its answer before the call's bookkeeping
             # (metrics, policy feedback) runs on leaving it.
             try:
