@@ -24,6 +24,9 @@ REQUEST_ID_HEADER = "X-Request-Id"
 """The header a client may name its request with."""
 RESPONSE_ID_HEADER = "X-Otela-Request-Id"
 """The header every answer carries its request id in."""
+ANSWER_ID_HEADERS = (RESPONSE_ID_HEADER, REQUEST_ID_HEADER)
+"""Every answer names its request in both: ours, and the X-Request-Id that OpenAI's API answers with (which
+its SDKs expose as the response's request id)."""
 
 _CLIENT_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -51,7 +54,7 @@ def error_headers(err: OpenTelaError, request_id: str | None = None) -> dict[str
     """Headers of an error answer: the request id, Retry-After where SDKs should back off, the limit reset."""
     headers: dict[str, str] = {}
     if request_id:
-        headers[RESPONSE_ID_HEADER] = request_id
+        headers[RESPONSE_ID_HEADER] = headers[REQUEST_ID_HEADER] = request_id
     retry_after = err.details.get("retry_after")
     if retry_after is not None:
         # Retry-After takes whole seconds; rounding down would invite a retry that is refused again.

@@ -59,7 +59,7 @@ def test_error_body_and_headers() -> None:
     err = Limited("slow down", param="x", retry_after=3, limit="rpm", resets_at=1700000000.5)
     status, headers, body = edge.render_error(err, "rid")
     error = json.loads(body)["error"]
-    assert status == 429 and headers["X-Otela-Request-Id"] == "rid"
+    assert status == 429 and headers["X-Otela-Request-Id"] == headers["X-Request-Id"] == "rid"
     assert headers["X-Otela-Limit-Resets-At"] == "1700000000"
     assert error == {
         "message": "slow down",

@@ -60,7 +60,8 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         logger.exception("unhandled error on %s %s (request %s)", request.method, request.path, request_id)
         return error_response(OpenTelaError("internal error"), request_id=request_id)
     if not response.prepared:
-        response.headers.setdefault(edge.RESPONSE_ID_HEADER, request_id)
+        for name in edge.ANSWER_ID_HEADERS:
+            response.headers.setdefault(name, request_id)
     return response
 
 

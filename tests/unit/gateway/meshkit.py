@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 import aiohttp
+from multidict import CIMultiDict
 
 from opentela._types import PROTO_DEMAND, PROTO_HTTP, Lifecycle, PeerId, SessionId, Stream
 from opentela.engines.simulated import SimulatedConfig, SimulatedServer
@@ -190,11 +191,12 @@ class GatewayKit:
         body: dict[str, Any],
         headers: Mapping[str, str] | None = None,
         path: str = "/v1/chat/completions",
-    ) -> tuple[int, dict[str, str], bytes]:
+    ) -> tuple[int, Mapping[str, str], bytes]:
         """POST and read the whole answer."""
         assert self.http is not None
         async with self.http.post(self.url + path, json=body, headers=dict(headers or {})) as resp:
-            return resp.status, dict(resp.headers), await resp.read()
+            # Case-insensitive, as HTTP header names are: servers differ in how they spell them.
+            return resp.status, CIMultiDict(resp.headers), await resp.read()
 
 
 @contextlib.asynccontextmanager

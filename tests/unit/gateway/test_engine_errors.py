@@ -49,8 +49,9 @@ async def test_an_engines_own_error_json_reaches_the_client_in_openai_shape() ->
         engine(400, json.dumps(LLAMA_CONTEXT_ERROR).encode(), "application/json") as (url, _),
     ):
         kit.mesh.add(record("a"), url)
-        status, headers, raw = await kit.post(chat())
+        status, headers, raw = await kit.post(chat(), {"X-Request-Id": "ctx-1"})
         assert status == 400 and headers["Content-Type"].startswith("application/json")
+        assert headers["X-Request-Id"] == headers["X-Otela-Request-Id"] == "ctx-1"
         err = json.loads(raw)["error"]
         assert (err["type"], err["code"], err["param"]) == (
             "invalid_request_error",

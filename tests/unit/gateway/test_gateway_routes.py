@@ -139,6 +139,6 @@ async def test_access_log_line_carries_request_id_model_node_and_attempts(caplog
         await kit.replica("a", SimulatedConfig(model=MODEL, error_rate=1.0))
         await kit.replica("b")
         status, headers, _ = await kit.post(chat(), {"X-Request-Id": "req-42"})
-        assert status == 200 and headers["X-Otela-Request-Id"] == "req-42"
+        assert status == 200 and headers["X-Otela-Request-Id"] == headers["X-Request-Id"] == "req-42"
     line = next(r for r in caplog.records if r.name == "opentela.gateway.access" and r.request_id == "req-42")
     assert (line.model, line.attempts, line.policy, line.node) == (MODEL, 2, "round_robin", "p-b"[-8:])

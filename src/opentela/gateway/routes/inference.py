@@ -27,6 +27,7 @@ def answer_headers(call: Call, server_timing: bool) -> dict[str, str]:
     target = attempt.target
     headers = {
         edge.RESPONSE_ID_HEADER: call.request_id,
+        edge.REQUEST_ID_HEADER: call.request_id,
         "X-Otela-Node": target.peer_id,
         "X-Otela-Session": target.session_id,
         "X-Otela-Provider": target.provider_id,

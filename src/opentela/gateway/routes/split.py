@@ -82,7 +82,7 @@ async def handle_split(request: web.Request, raw: bytes, model: str) -> web.Stre
     try:
         gen = SplitGeneration(split, model, assets, req, session)
         shape = OpenAIShape(model, req.chat)
-        headers = {edge.RESPONSE_ID_HEADER: request_id, "X-Otela-Chain": session.describe()}
+        headers = dict.fromkeys(edge.ANSWER_ID_HEADERS, request_id) | {"X-Otela-Chain": session.describe()}
         if not req.stream:
             answer = await whole_answer(gen, shape)
             headers["X-Otela-Chain"] = session.describe()
