@@ -120,7 +120,7 @@ def test_what_openai_accepts_passes() -> None:
 
 @pytest.mark.parametrize("raw", [b'{"model": "m", "top_p": NaN}', b'{"x": Infinity}', b'{"x": -1e999}'])
 def test_numbers_json_cannot_hold_are_refused(raw: bytes) -> None:
-    with pytest.raises(InvalidRequestError, match="not a JSON number|out of range"):
+    with pytest.raises(InvalidRequestError, match=r"not a JSON number|out of range"):
         parse_body(raw)
 
 
