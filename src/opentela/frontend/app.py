@@ -84,6 +84,47 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, send_with_headers)
 
 
+class HeadAsGetMiddleware:
+    """Answers HEAD wherever GET is served, with the GET answer's status and headers and no body (RFC 9110 9.3.2):
+    FastAPI routes declared with GET do not take HEAD themselves."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        body_sent = False
+
+        async def send_head(message: dict[str, Any]) -> None:
+            nonlocal body_sent
+            if message["type"] != "http.response.body":
+                await send(message)
+            elif not body_sent:
+                body_sent = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self.app({**scope, "method": "GET"}, receive, send_head)
+
+
+class TrailingSlashMiddleware:
+    """Serves `/v1/models/` as `/v1/models`: no route ends in a slash, and the redirect the framework would answer
+    with makes clients resend a POST as a GET (or not at all)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and len(path) > 1 and path.endswith("/"):
+            scope = {**scope, "path": path.rstrip("/") or "/"}
+            raw = scope.get("raw_path")
+            if isinstance(raw, bytes):
+                scope["raw_path"] = raw.rstrip(b"/") or b"/"
+        await self.app(scope, receive, send)
+
+
 def _docs_page() -> HTMLResponse:
     return get_swagger_ui_html(
         openapi_url="/openapi.json",
@@ -115,7 +156,12 @@ def create_app(state: FrontendState, login: Login) -> FastAPI:
     )
     app.state.frontend = state
     app.state.login = login
+    # Innermost first: the access log sees the request as sent; the security headers (the API reference's own
+    # policy) and the routes see its path without a trailing slash, and the routes see HEAD as GET.
+    app.router.redirect_slashes = False
+    app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=_docs_csp(bytes(_docs_page().body).decode()))
+    app.add_middleware(TrailingSlashMiddleware)
     app.add_middleware(AccessLogMiddleware)
     install_error_handlers(app)
     app.include_router(openai.router)

@@ -9,9 +9,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, ProgrammingError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from opentela import openai_edge as edge
 from opentela.errors import InvalidRequestError, OpenTelaError
+from opentela.frontend.errors import ACCEPTED_ENCODINGS
 
 logger = logging.getLogger(__name__)
 
@@ -25,10 +27,37 @@ class DatabaseUnavailableError(OpenTelaError):
     retryable = True
 
 
-def error_response(err: OpenTelaError, request_id: str | None = None) -> Response:
-    """`err` rendered by the edge (limit errors carry Retry-After and the reset time) as a Starlette response."""
-    status, headers, body = edge.render_error(err, request_id)
-    return Response(body, status_code=status, media_type=edge.JSON_CONTENT_TYPE, headers=headers)
+STATUS_HEADERS: dict[int, dict[str, str]] = {
+    401: {"WWW-Authenticate": "Bearer"},  # RFC 9110 11.6.1: a 401 names the scheme that would be accepted
+    415: {"Accept-Encoding": ACCEPTED_ENCODINGS},  # RFC 9110 15.5.16: the codings that would be
+}
+
+
+def error_response(
+    err: OpenTelaError, request_id: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
+    """`err` rendered by the edge (limit errors carry Retry-After and the reset time) as a Starlette response,
+    with the headers its status calls for and any `headers` given."""
+    status, rendered, body = edge.render_error(err, request_id)
+    rendered = {**rendered, **STATUS_HEADERS.get(status, {}), **(headers or {})}
+    return Response(body, status_code=status, media_type=edge.JSON_CONTENT_TYPE, headers=rendered)
+
+
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (the framework names only the first route's), with
+    HEAD wherever GET is (HeadAsGetMiddleware answers it)."""
+    routes = request.app.router.routes
+    methods = {
+        m
+        for m in _METHODS
+        if any(route.matches({**request.scope, "method": m})[0] == Match.FULL for route in routes)
+    }
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -53,7 +82,10 @@ def install_error_handlers(app: FastAPI) -> None:
         err = InvalidRequestError(str(exc.detail))
         err.status_code = exc.status_code
         err.code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "invalid_request")
-        return error_response(err, getattr(request.state, "request_id", None))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return error_response(err, getattr(request.state, "request_id", None), headers)
 
     async def on_validation(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -74,3 +74,14 @@ class CrossOriginError(ClientError):
     status_code = 403
     error_type = "permission_error"
     code = "cross_origin_request"
+
+
+ACCEPTED_ENCODINGS = "gzip, deflate, identity"
+"""The request content codings the frontend decodes (the Accept-Encoding of a 415)."""
+
+
+class UnsupportedContentEncodingError(ClientError):
+    """The request body is compressed with a coding the frontend cannot undo."""
+
+    status_code = 415
+    code = "unsupported_content_encoding"

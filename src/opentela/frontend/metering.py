@@ -45,6 +45,9 @@ PASSED_HEADERS = (
     "x-otela-session",
     "x-otela-provider",
     "x-otela-model",
+    # The ingress's error answers: when to retry (the openai SDK honours it) and when a limit frees up.
+    "retry-after",
+    "x-otela-limit-resets-at",
 )
 CHECKPOINT_EVERY_S = 2.0
 RESPONSES_PATH = "/v1/responses"

@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import time
 import weakref
+import zlib
 from collections.abc import Coroutine
 from typing import Any
 
@@ -15,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 
 from opentela.errors import InvalidRequestError, OpenTelaError, RequestTooLargeError
-from opentela.frontend.errors import ModelNotAllowedError
+from opentela.frontend.errors import ACCEPTED_ENCODINGS, ModelNotAllowedError, UnsupportedContentEncodingError
 from opentela.frontend.ingress import Ingress
 from opentela.frontend.keys import key_info
 from opentela.frontend.metering import RESPONSES_PATH, abandon, forward, forward_early, plan_forward
@@ -50,8 +53,96 @@ async def authenticate(request: Request) -> ApiKey:
     return await state_of(request).keys.authenticate(bearer_token(request))
 
 
+def content_codings(header: str | None) -> list[str]:
+    """The codings of a Content-Encoding header, in the order they were applied; 415 for one we cannot undo."""
+    codings = [c.strip().lower() for c in (header or "").split(",") if c.strip()]
+    unknown = [c for c in codings if c not in ("gzip", "x-gzip", "deflate", "identity")]
+    if unknown:
+        raise UnsupportedContentEncodingError(
+            f"Content-Encoding {unknown[0]!r} is not supported; send the body as one of {ACCEPTED_ENCODINGS}",
+            param="Content-Encoding",
+        )
+    return [c for c in codings if c != "identity"]
+
+
+def _inflate(data: bytes, coding: str, limit: int) -> bytes:
+    # gzip (any member count) by its header; deflate as zlib data, or raw deflate as some clients send it.
+    wbits = 16 + zlib.MAX_WBITS if coding in ("gzip", "x-gzip") else zlib.MAX_WBITS
+    if coding == "deflate" and data[:1] and (data[0] & 0x0F != 8 or int.from_bytes(data[:2], "big") % 31):
+        wbits = -zlib.MAX_WBITS
+    out, rest = [], data
+    size = 0
+    while rest:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            chunk = inflater.decompress(rest, limit + 1 - size)
+        except zlib.error as exc:
+            raise InvalidRequestError(f"the request body is not valid {coding} data: {exc}") from None
+        size += len(chunk)
+        out.append(chunk)
+        if size > limit or inflater.unconsumed_tail:
+            # Checked on the output, not the declared size: a few kilobytes may inflate to gigabytes.
+            raise RequestTooLargeError(f"the decompressed request body is over the limit of {limit} bytes")
+        if not inflater.eof:
+            raise InvalidRequestError(f"the request body's {coding} data is cut short")
+        rest = inflater.unused_data if wbits > 0 else b""
+    return b"".join(out)
+
+
+def decoded_body(raw: bytes, codings: list[str], limit: int) -> bytes:
+    """`raw` with its content codings undone (the last applied first), refusing more than `limit` bytes (413)."""
+    for coding in reversed(codings):
+        raw = _inflate(raw, coding, limit)
+    return raw
+
+
+# Only these spellings can give a non-finite number: the NaN and Infinity literals Python's json takes, an exponent
+# of three digits or more, or a mantissa of 309 digits. A body with none of them is not walked.
+_MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9.][eE]\+?[0-9]{3}|[0-9]{309}")
+
+
+def _non_finite_path(body: Any) -> tuple[str, float] | None:
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if type(value) is float and not math.isfinite(value):
+            return path, value
+        if type(value) is dict:
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+        elif type(value) is list:
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
+def check_finite(raw: bytes, body: dict[str, Any]) -> None:
+    """400 naming the field when the parsed `body` holds NaN or an infinity (a literal, or a float like 1e999
+    that overflows): such a number is no JSON, and nothing downstream could carry or store it."""
+    if not _MAYBE_NON_FINITE.search(raw):
+        return
+    found = _non_finite_path(body)
+    if found is not None:
+        path, value = found
+        raise InvalidRequestError(
+            f"`{path}` must be a finite number, not {value!r} (NaN and infinities are not JSON)", param=path
+        )
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with every NaN or infinity (in nested dicts and lists too) turned into null, so that a stored row
+    always renders as JSON."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_json(v) for v in value]
+    return value
+
+
 async def read_limited(request: Request, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes (413) without reading further."""
+    """The body, gzip or deflate undone, refusing more than `limit` bytes (413) before or after decompression
+    without reading further, and a content coding it cannot undo (415) before reading."""
+    codings = content_codings(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise RequestTooLargeError(f"request body of {declared} bytes is over the limit of {limit} bytes")
@@ -61,7 +152,7 @@ async def read_limited(request: Request, limit: int) -> bytes:
         if size > limit:
             raise RequestTooLargeError(f"request body is over the limit of {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return decoded_body(b"".join(chunks), codings, limit)
 
 
 def trusted_providers(key: ApiKey, asked: str | None) -> list[str] | None:
@@ -181,6 +272,7 @@ async def _inference(request: Request) -> Response:
     key = await authenticate(request)
     raw = await read_limited(request, st.config.max_body_bytes)
     body = parse_body(raw)
+    check_finite(raw, body)  # before admission: the row's sampling parameters are stored as JSON
     path = request.url.path
     names = await ingress_names(st).current()
     asked = body.get("model")
@@ -364,25 +456,27 @@ async def my_usage(request: Request, hours: int = 24, limit: int = 50) -> JSONRe
 
 
 def usage_json(row: Any) -> dict[str, Any]:
-    """A usage row as the API shows it."""
-    return {
-        "id": row.id,
-        "request_id": row.request_id,
-        "key_id": row.key_id,
-        "endpoint": row.endpoint,
-        "model": row.model,
-        "stream": row.stream,
-        "status": row.status,
-        "http_status": row.http_status,
-        "provider": row.provider,
-        "node": row.node,
-        "input_tokens": row.input_tokens,
-        "output_tokens": row.output_tokens,
-        "tokens_estimated": row.tokens_estimated,
-        "started_at": row.started_at,
-        "finished_at": row.finished_at,
-        "latency_ms": row.latency_ms,
-        "ttft_ms": row.ttft_ms,
-        "sampling": row.sampling,
-        "error": row.error,
-    }
+    """A usage row as the API shows it (a NaN or infinity an older version stored shows as null)."""
+    return finite_json(
+        {
+            "id": row.id,
+            "request_id": row.request_id,
+            "key_id": row.key_id,
+            "endpoint": row.endpoint,
+            "model": row.model,
+            "stream": row.stream,
+            "status": row.status,
+            "http_status": row.http_status,
+            "provider": row.provider,
+            "node": row.node,
+            "input_tokens": row.input_tokens,
+            "output_tokens": row.output_tokens,
+            "tokens_estimated": row.tokens_estimated,
+            "started_at": row.started_at,
+            "finished_at": row.finished_at,
+            "latency_ms": row.latency_ms,
+            "ttft_ms": row.ttft_ms,
+            "sampling": row.sampling,
+            "error": row.error,
+        }
+    )
