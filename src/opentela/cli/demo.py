@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import tempfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from rich.console import Console
 from opentela._logging import LogConfig, setup_logging
 from opentela._signals import on_stop_signals
 from opentela.cli._process import run_async
-from opentela.cli.localmesh import LocalMesh, embedded_engine_argv, free_port, port_is_free
+from opentela.cli.localmesh import LocalMesh, embedded_engine_argv, free_port
 from opentela.engines.embedded import MODEL_ID
 from opentela.errors import ConfigError
 from opentela.fabric.addresses import parse_addr
@@ -30,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `otela demo`."""
     parser.add_argument("--once", action="store_true", help="send one chat request, print the answer, exit")
     parser.add_argument("--workers", type=int, default=2, help="number of worker nodes (default 2)")
-    parser.add_argument("--http", default="127.0.0.1:8092", metavar="HOST:PORT", help="ingress HTTP address")
+    parser.add_argument(
+        "--http", metavar="HOST:PORT", help="ingress HTTP address (default 127.0.0.1:8092, else a free port)"
+    )
     parser.add_argument(
         "--frontend-http",
         metavar="HOST:PORT",
@@ -76,19 +79,47 @@ async def _ask(
         )
 
 
-def _frontend_addr(given: str | None) -> tuple[str, int]:
+WORKER_RESTARTS = 3
+"""How often the demo restarts a worker that exited before it leaves it down."""
+
+
+def can_listen(host: str, port: int) -> bool:
+    """Whether a server can listen on host:port now. Bound as our servers bind (SO_REUSEADDR): the connections a
+    demo that just stopped leaves in TIME_WAIT do not keep a new one from listening, only a live listener does."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def listen_addr(given: str | None, usual: int, flag: str) -> tuple[str, int]:
+    """The loopback address to serve on: the one `given` with `flag` (refused, saying why, when taken), else the
+    `usual` port when free, else any free port (another demo or service may hold it)."""
     if given:
         host, port, _ = parse_addr(given)
-        if host != "127.0.0.1" or not port_is_free(host, port):
-            raise ConfigError(f"{given} is not a free 127.0.0.1 address; pick another with --frontend-http")
+        if host != "127.0.0.1":
+            raise ConfigError(f"{given} is not a 127.0.0.1 address; the demo serves on loopback only")
+        if not can_listen(host, port):
+            raise ConfigError(
+                f"{given} is in use by a running process (another demo?); stop it or pick another port with "
+                f"{flag} 127.0.0.1:PORT"
+            )
         return host, port
-    # The usual port when it is free, else any free one (another demo or service may hold 8093).
-    return "127.0.0.1", 8093 if port_is_free("127.0.0.1", 8093) else free_port()
+    if can_listen("127.0.0.1", usual):
+        return "127.0.0.1", usual
+    port = free_port()
+    console.print(
+        f"127.0.0.1:{usual} is in use (another demo?); using 127.0.0.1:{port} instead ({flag} sets it)"
+    )
+    return "127.0.0.1", port
 
 
 async def _start_frontend(mesh: LocalMesh, workdir: Path, addr: str | None) -> tuple[Frontend, str]:
     """The API frontend in this process, in front of the demo's ingress, and a first API key."""
-    host, port = _frontend_addr(addr)
+    host, port = listen_addr(addr, 8093, "--frontend-http")
     config = FrontendConfig(ingress=mesh.api, http=f"{host}:{port}")
     frontend = await Frontend.create(
         config,
@@ -138,11 +169,7 @@ def _print_usage(api: str, frontend: Frontend, key: str, workdir: Path) -> None:
 
 async def run_demo(args: argparse.Namespace) -> int:
     """Start the mesh, wait until every worker serves, then answer once or keep serving until Ctrl-C."""
-    http_host, http_port, _ = parse_addr(args.http)
-    if http_host != "127.0.0.1" or not port_is_free(http_host, http_port):
-        raise ConfigError(
-            f"{args.http} is not a free 127.0.0.1 address; pick another with --http 127.0.0.1:PORT"
-        )
+    _, http_port = listen_addr(args.http, 8092, "--http")
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="otela-demo-"))
     threads = args.threads or max(1, (os.cpu_count() or 2) // max(1, args.workers))
     stop = asyncio.Event()
@@ -156,11 +183,10 @@ async def run_demo(args: argparse.Namespace) -> int:
     try:
         with console.status("starting the ingress..."):
             await mesh.start_ingress()
+        workers = {f"worker-{i + 1}": f"demo-provider-{i + 1}" for i in range(args.workers)}
         with console.status(f"starting {args.workers} workers with the embedded engine ({MODEL_ID})..."):
-            for i in range(args.workers):
-                await mesh.add_worker(
-                    f"worker-{i + 1}", embedded_engine_argv(threads), provider=f"demo-provider-{i + 1}"
-                )
+            for name, provider in workers.items():
+                await mesh.add_worker(name, embedded_engine_argv(threads), provider=provider)
             serving = await mesh.wait_serving(MODEL_ID, args.workers, timeout=args.timeout)
         for r in serving:
             console.print(
@@ -182,17 +208,45 @@ async def run_demo(args: argparse.Namespace) -> int:
             )
             return 0
         _print_usage(api, frontend, key, workdir)
-        while not stop.is_set():
-            dead = [n for n in mesh.nodes.values() if n.exited() is not None]
-            if dead:
-                console.print(f"[red]{dead[0].name} exited ({dead[0].exited()}):[/]\n{dead[0].log_tail()}")
-                return 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
-        return 0
+        return await _serve(mesh, workers, threads, stop)
     finally:
         restore_signals()
         console.print("stopping the demo mesh...")
         if frontend is not None:
             await frontend.aclose()
         await mesh.aclose()
+
+
+async def _serve(mesh: LocalMesh, workers: dict[str, str], threads: int, stop: asyncio.Event) -> int:
+    """Keep serving until Ctrl-C or SIGTERM (0): a worker that exits is named and restarted, up to
+    WORKER_RESTARTS times, while the others go on serving; with no worker left, or no ingress, the demo ends (1)."""
+    restarts = dict.fromkeys(workers, 0)
+    while not stop.is_set():
+        ingress = mesh.nodes["ingress"]
+        if ingress.exited() is not None:
+            console.print(
+                f"[red]the ingress exited ({ingress.exited()}); nothing can serve:[/]\n{ingress.log_tail()}"
+            )
+            return 1
+        for name in [n for n in workers if mesh.nodes[n].exited() is not None]:
+            node = mesh.nodes[name]
+            left = [n for n in workers if n != name and mesh.nodes[n].exited() is None]
+            console.print(
+                f"[red]{name} (provider {workers[name]}) exited ({node.exited()})[/]; "
+                f"{len(left)} worker(s) still serving. Its log, {node.log_path}, ends with:\n{node.log_tail(10)}",
+                soft_wrap=True,
+            )
+            await node.stop()  # its log closed, an engine it left behind killed
+            if restarts[name] < WORKER_RESTARTS:
+                restarts[name] += 1
+                console.print(f"restarting {name} ({restarts[name]} of {WORKER_RESTARTS} restarts)")
+                await mesh.add_worker(name, embedded_engine_argv(threads), provider=workers[name])
+            else:
+                console.print(f"[red]{name} exited {WORKER_RESTARTS + 1} times; it stays down[/]")
+                del workers[name], mesh.nodes[name]
+        if not workers:
+            console.print("[red]no worker is left; stopping the demo[/]")
+            return 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return 0
