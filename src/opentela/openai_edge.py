@@ -63,6 +63,10 @@ def error_headers(err: OpenTelaError, request_id: str | None = None) -> dict[str
         headers["Retry-After"] = "1"
     if "resets_at" in err.details:
         headers["X-Otela-Limit-Resets-At"] = str(int(err.details["resets_at"]))
+    if "allow" in err.details:  # a 405 says which methods the route takes (RFC 9110)
+        headers["Allow"] = str(err.details["allow"])
+    if err.status_code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return headers
 
 

@@ -18,6 +18,7 @@ from opentela.errors import (
     OpenTelaError,
     RequestTooLargeError,
 )
+from opentela.gateway.responses import RESPONSES_PATH
 from opentela.gateway.state import REQUEST_ID_KEY
 
 logger = logging.getLogger(__name__)
@@ -34,9 +35,11 @@ def map_http_exception(exc: web.HTTPException) -> OpenTelaError:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return RequestTooLargeError(f"request body too large: {exc.text}")
     if isinstance(exc, web.HTTPNotFound):
-        return NotFoundError(f"no such route; see /v1/models, {', '.join(edge.INFERENCE_PATHS)}")
+        paths = ", ".join((*edge.INFERENCE_PATHS, RESPONSES_PATH))
+        return NotFoundError(f"no such route; see /v1/models, {paths}")
     if isinstance(exc, web.HTTPMethodNotAllowed):
-        return MethodNotAllowedError(f"method not allowed; use {', '.join(sorted(exc.allowed_methods))}")
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return MethodNotAllowedError(f"method not allowed; use {allowed}", allow=allowed)
     err = InvalidRequestError(exc.text or exc.reason)
     err.status_code = exc.status
     return err

@@ -125,8 +125,11 @@ class Forwarder:
             self.metrics.errors.labels(label, NO_NODE, err.code).inc()
             raise err
         if body.asked_output is not None:
+            asked_output = body.asked_output
+            if answer is not None:  # a Responses request: the client named the field max_output_tokens
+                asked_output = ("max_output_tokens", asked_output[1])
             try:
-                self.output_cap.check(body.model, body.asked_output, pool)
+                self.output_cap.check(body.model, asked_output, pool)
             except OpenTelaError as err:
                 self.metrics.errors.labels(body.model, NO_NODE, err.code).inc()
                 raise

@@ -106,3 +106,23 @@ async def test_non_finite_numbers_are_refused_with_the_reason() -> None:
             err = (await resp.json())["error"]
             assert resp.status == 400 and "out of range" in err["message"]
         assert kit.requests_seen("a") == 0
+
+
+async def test_route_errors_say_what_would_work() -> None:
+    async with gateway_kit() as kit:
+        await kit.replica("a")
+        assert kit.http is not None
+        async with kit.http.get(kit.url + "/v1/chat/completions") as resp:
+            assert resp.status == 405 and "POST" in resp.headers["Allow"]
+            assert (await resp.json())["error"]["code"] == "method_not_allowed"
+        async with kit.http.post(kit.url + "/v1/chat/complete", json=chat()) as resp:
+            assert resp.status == 404 and "/v1/responses" in (await resp.json())["error"]["message"]
+
+
+async def test_a_responses_request_over_the_output_cap_names_its_own_field() -> None:
+    async with gateway_kit(max_tokens_caps=(f"{MODEL}=64",)) as kit:
+        await kit.replica("a")
+        body = {"model": MODEL, "input": "hello", "max_output_tokens": 10**9}
+        status, _, raw = await kit.post(body, path="/v1/responses")
+        err = json.loads(raw)["error"]
+        assert status == 400 and err["param"] == "max_output_tokens" and "max_output_tokens" in err["message"]

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 import weakref
 import zlib
@@ -94,37 +93,6 @@ def decoded_body(raw: bytes, codings: list[str], limit: int) -> bytes:
     for coding in reversed(codings):
         raw = _inflate(raw, coding, limit)
     return raw
-
-
-# Only these spellings can give a non-finite number: the NaN and Infinity literals Python's json takes, an exponent
-# of three digits or more, or a mantissa of 309 digits. A body with none of them is not walked.
-_MAYBE_NON_FINITE = re.compile(rb"NaN|Infinity|[0-9.][eE]\+?[0-9]{3}|[0-9]{309}")
-
-
-def _non_finite_path(body: Any) -> tuple[str, float] | None:
-    stack: list[tuple[str, Any]] = [("", body)]
-    while stack:
-        path, value = stack.pop()
-        if type(value) is float and not math.isfinite(value):
-            return path, value
-        if type(value) is dict:
-            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
-        elif type(value) is list:
-            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
-    return None
-
-
-def check_finite(raw: bytes, body: dict[str, Any]) -> None:
-    """400 naming the field when the parsed `body` holds NaN or an infinity (a literal, or a float like 1e999
-    that overflows): such a number is no JSON, and nothing downstream could carry or store it."""
-    if not _MAYBE_NON_FINITE.search(raw):
-        return
-    found = _non_finite_path(body)
-    if found is not None:
-        path, value = found
-        raise InvalidRequestError(
-            f"`{path}` must be a finite number, not {value!r} (NaN and infinities are not JSON)", param=path
-        )
 
 
 def finite_json(value: Any) -> Any:
@@ -272,7 +240,6 @@ async def _inference(request: Request) -> Response:
     key = await authenticate(request)
     raw = await read_limited(request, st.config.max_body_bytes)
     body = parse_body(raw)
-    check_finite(raw, body)  # before admission: the row's sampling parameters are stored as JSON
     path = request.url.path
     names = await ingress_names(st).current()
     asked = body.get("model")
