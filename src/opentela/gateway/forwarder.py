@@ -108,8 +108,6 @@ class Forwarder:
         asked = edge.parse_body(raw)
         changed = self._resolve_model(asked)
         kind = edge.INFERENCE_PATHS.get(path)
-        if kind is not None:
-            edge.validate(kind, asked)
         answer = None
         if path == responses.RESPONSES_PATH:
             path, asked, answer = self._responses(asked, headers)
@@ -124,6 +122,8 @@ class Forwarder:
             label = "-" if isinstance(err, ModelNotFoundError) else body.model
             self.metrics.errors.labels(label, NO_NODE, err.code).inc()
             raise err
+        if kind is not None:  # after the model's check: an unknown model is the first thing to hear about
+            edge.validate(kind, asked)
         if body.asked_output is not None:
             asked_output = body.asked_output
             if answer is not None:  # a Responses request: the client named the field max_output_tokens
