@@ -23,6 +23,9 @@ CONTEXT_LENGTH = "context_length"
 """Tokens one request may hold (vLLM's ``max_model_len``, SGLang's context length, llama.cpp's per-slot
 ``n_ctx``)."""
 ENGINE_VERSION = "engine_version"
+TOOL_CALLS = "tool_calls"
+"""Whether the engine turns a chat request's `tools` into tool calls: false where llama.cpp reports that the
+model's chat template has no tool support (it then ignores `tools`); absent when the engine does not say."""
 
 ADVERTISED_KEYS = (
     QUANTIZATION,
@@ -32,6 +35,7 @@ ADVERTISED_KEYS = (
     DATA_PARALLEL,
     CONTEXT_LENGTH,
     ENGINE_VERSION,
+    TOOL_CALLS,
 )
 _COUNT_KEYS = frozenset({TENSOR_PARALLEL, PIPELINE_PARALLEL, DATA_PARALLEL, CONTEXT_LENGTH})
 MAX_COUNT = 2**31
@@ -139,6 +143,8 @@ def clean_settings(raw: Mapping[str, Any]) -> dict[str, Any]:
             value = normalise_version(value)
         elif key in _COUNT_KEYS:
             value = parse_count(value)
+        elif key == TOOL_CALLS:
+            value = value if type(value) is bool else None
         if value is not None:
             out[key] = value
     return out

@@ -13,6 +13,7 @@ from opentela.engines.advertised import (
     DTYPE,
     ENGINE_VERSION,
     QUANTIZATION,
+    TOOL_CALLS,
     clean_settings,
     dig,
     has_flag,
@@ -62,13 +63,15 @@ def slot_context(ctx_size: Any, parallel: Any, unified: bool = False) -> int | N
 
 def props_settings(reports: Mapping[str, Any]) -> dict[str, Any]:
     """llama.cpp's ``GET /props``: the per-slot window ``default_generation_settings.n_ctx``, the build
-    (``build_info``, e.g. ``b4567-1a2b3c4d``) and, where the build reports it, ``model_ftype``."""
+    (``build_info``, e.g. ``b4567-1a2b3c4d``) and, where the build reports them, ``model_ftype`` and whether
+    the chat template handles tools (``chat_template_caps.supports_tool_calls``)."""
     props = reports.get(PROPS)
     return clean_settings(
         {
             CONTEXT_LENGTH: dig(props, "default_generation_settings", "n_ctx"),
             ENGINE_VERSION: dig(props, "build_info"),
             QUANTIZATION: dig(props, "model_ftype"),
+            TOOL_CALLS: dig(props, "chat_template_caps", "supports_tool_calls"),
         }
     )
 

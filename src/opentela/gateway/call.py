@@ -140,6 +140,8 @@ class Call:
     """The same, for a streamed answer: writes the Responses events as chat chunks arrive."""
     kind: str | None = None
     """The OpenAI route's kind of body (chat, completions, embeddings); None for other routes."""
+    needs_tools: bool = False
+    """The request asks for tool calls: only replicas that take `tools` may serve it, retries included."""
 
     @property
     def model(self) -> str:

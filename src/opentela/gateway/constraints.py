@@ -13,6 +13,7 @@ from opentela.engines.advertised import (
     DTYPE,
     PIPELINE_PARALLEL,
     TENSOR_PARALLEL,
+    TOOL_CALLS,
     normalise_dtype,
     normalise_quantization,
 )
@@ -209,6 +210,34 @@ def model_entry(record: NodeRecord, model: str) -> ModelEntry | None:
         if entry.id == model:
             return entry
     return None
+
+
+def tool_takers(candidates: Sequence[NodeRecord], model: str) -> list[NodeRecord]:
+    """The replicas of `model` that may get a request with `tools`: all but those whose engine says it ignores
+    them (an engine that does not say is trusted to handle them)."""
+    out = []
+    for record in candidates:
+        entry = model_entry(record, model)
+        if entry is None or entry.settings.get(TOOL_CALLS) is not False:
+            out.append(record)
+    return out
+
+
+def require_tool_takers(candidates: Sequence[NodeRecord], model: str) -> list[NodeRecord]:
+    """`tool_takers`, or a 400 naming `tools` when there are none: the engines would ignore them."""
+    pool = tool_takers(candidates, model)
+    if not pool:
+        raise InvalidRequestError(
+            f"model {model!r} does not support tool calls: its engines report that its chat template has no "
+            "tool support, so `tools` would be ignored; send the request without them or use another model",
+            param="tools",
+        )
+    return pool
+
+
+def wants_tools(body: Mapping[str, Any]) -> bool:
+    """Whether a chat body asks for tool calls: tools given and `tool_choice` not "none"."""
+    return bool(body.get("tools")) and body.get("tool_choice") != "none"
 
 
 def satisfying(

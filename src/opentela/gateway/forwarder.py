@@ -34,6 +34,7 @@ from opentela.fabric.http_tunnel import (
 from opentela.gateway import responses, resume
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.call import Attempt, Call, body_of
+from opentela.gateway.constraints import require_tool_takers, tool_takers, wants_tools
 from opentela.gateway.metrics import NO_NODE, GatewayMetrics
 from opentela.gateway.output_cap import OutputCap
 from opentela.gateway.policies import RoutedRequest, RoutingPolicy
@@ -124,6 +125,9 @@ class Forwarder:
             raise err
         if kind is not None:  # after the model's check: an unknown model is the first thing to hear about
             edge.validate(kind, asked)
+        needs_tools = kind == "chat" and wants_tools(asked)
+        if needs_tools:
+            pool = require_tool_takers(pool, body.model)
         if body.asked_output is not None:
             asked_output = body.asked_output
             if answer is not None:  # a Responses request: the client named the field max_output_tokens
@@ -152,6 +156,7 @@ class Forwarder:
         call = Call(self, request_id, body, routing, routed, payload, arrived, parsed_at, routed_at, limits)
         call.pool = pool
         call.kind = kind
+        call.needs_tools = needs_tools
         if resume.wanted(path, body.stream, headers):
             call.splice = resume.StreamSplice(path, forwarded)
         if answer is not None:
@@ -205,7 +210,10 @@ class Forwarder:
         def candidates() -> Sequence[NodeRecord]:
             pool, call.pool = call.pool, None
             # `accept`'s pool is still current for the first attempt: nothing has waited since it was read.
-            return pool if pool is not None else self.router.eligible(call.model, call.routing)
+            if pool is not None:
+                return pool
+            pool = self.router.eligible(call.model, call.routing)
+            return tool_takers(pool, call.model) if call.needs_tools else pool
 
         try:
             async with asyncio.timeout_at(call.deadline):
