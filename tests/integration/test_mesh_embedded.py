@@ -219,3 +219,30 @@ async def test_status_command_prints_the_mesh(embedded_mesh: LocalMesh) -> None:
     text = out.decode()
     assert proc.returncode == 0, err.decode()
     assert "lab-a" in text and "lab-b" in text and "SERVING" in text and MODEL_ID in text
+
+
+async def test_llama_cpp_errors_and_ignored_tools_reach_the_sdk_as_openai_errors(
+    embedded_mesh: LocalMesh,
+) -> None:
+    async with client(embedded_mesh) as sdk:
+        # A prompt past the 2,048-token slot: llama.cpp's own error, in OpenAI's shape.
+        with pytest.raises(openai.BadRequestError) as overflow:
+            await sdk.chat.completions.create(
+                model=MODEL_ID, messages=[{"role": "user", "content": "hello " * 3000}], max_tokens=4
+            )
+        assert overflow.value.code == "context_length_exceeded" and overflow.value.param == "messages"
+        assert overflow.value.type == "invalid_request_error"
+        # SmolLM2's chat template has no tools: llama.cpp would ignore them, so the ingress says so.
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+        with pytest.raises(openai.BadRequestError) as tools:
+            await sdk.chat.completions.create(
+                model=MODEL_ID,
+                messages=[{"role": "user", "content": "Weather?"}],
+                tools=[weather],
+                max_tokens=4,
+            )
+        assert tools.value.param == "tools"
+        reply = await sdk.chat.completions.with_raw_response.create(
+            model=MODEL_ID, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        assert reply.headers["x-request-id"] == reply.headers["x-otela-request-id"]
