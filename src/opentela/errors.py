@@ -216,6 +216,14 @@ class MethodNotAllowedError(ClientError):
     code = "method_not_allowed"
 
 
+class OriginNotAllowedError(ClientError):
+    """A cross-origin request from a page whose origin the `cors_origins` setting does not allow."""
+
+    status_code = 403
+    error_type = "permission_error"
+    code = "origin_not_allowed"
+
+
 class ConfigError(OpenTelaError):
     """The configuration is invalid."""
 

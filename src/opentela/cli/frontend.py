@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--admin-token", metavar="TOKEN", help="admin token (default: kept in the data directory)"
     )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin (https://app.example.org, or *) whose browser pages may call the API (repeatable; "
+        "default *)",
+    )
     parser.add_argument("--config", metavar="FILE", help="TOML or YAML configuration file")
     add_oidc_arguments(parser.add_argument)
     add_log_arguments(parser)
@@ -91,6 +98,8 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """The settings given as `otela frontend` flags, by configuration section (for `load_config(flags=...)`)."""
     flags = {"ingress": args.ingress, "db": args.db, "http": args.http, "admin_token": args.admin_token}
     frontend = {k: v for k, v in flags.items() if v} | oidc_flags(args)
+    if args.cors_origin:
+        frontend["cors_origins"] = tuple(args.cors_origin)
     return {"frontend": frontend, "log": log_flags(args)}
 
 

@@ -112,6 +112,13 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
         metavar="NAME",
         help="on an ingress, the model (an id or an alias) of requests that name none",
     )
+    option(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="on an ingress, an origin (https://app.example.org, or *) whose browser pages may call the API "
+        "(repeatable; default none: CORS off)",
+    )
     options += add_log_arguments(p)
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- engine command serving the OpenAI API")
     return options
@@ -163,6 +170,8 @@ def config_flags(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         gateway["model_aliases"] = tuple(args.model_alias)
     if args.default_model:
         gateway["default_model"] = args.default_model
+    if args.cors_origin:
+        gateway["cors_origins"] = tuple(args.cors_origin)
     frontend: dict[str, Any] = {}
     if args.frontend:
         frontend["enabled"] = True

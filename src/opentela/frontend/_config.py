@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentela.cors import CorsPolicy
+
 
 @dataclass(frozen=True)
 class FrontendConfig:
@@ -113,6 +115,14 @@ class FrontendConfig:
             "database, so every replica on it hashes alike."
         },
     )
+    cors_origins: tuple[str, ...] = field(
+        default=("*",),
+        metadata={
+            "help": "Origins whose browser pages may call the `/v1` API (CORS): `*` or exact origins such as "
+            "`https://app.example.org`; empty: CORS off. Every origin by default: API calls carry their key in "
+            "the Authorization header, which a page must set itself, never in cookies a browser would add."
+        },
+    )
     oidc_issuer: str = field(
         default="",
         metadata={
@@ -173,3 +183,10 @@ class FrontendConfig:
             "so every replica on it signs alike."
         },
     )
+
+    def __post_init__(self) -> None:
+        self.cors_policy()
+
+    def cors_policy(self) -> CorsPolicy | None:
+        """The origins `cors_origins` allows (None: CORS off); a ConfigError names a malformed entry."""
+        return CorsPolicy.from_setting(self.cors_origins, "frontend.cors_origins")

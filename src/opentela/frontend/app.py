@@ -15,7 +15,9 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from swagger_ui_bundle import swagger_ui_path
 
-from opentela import __version__
+from opentela import __version__, cors
+from opentela import openai_edge as edge
+from opentela.errors import OriginNotAllowedError
 from opentela.frontend.access_log import AccessLogMiddleware
 from opentela.frontend.error_handlers import install_error_handlers
 from opentela.frontend.login import Login
@@ -125,6 +127,56 @@ class TrailingSlashMiddleware:
         await self.app(scope, receive, send)
 
 
+class CorsMiddleware:
+    """CORS for the `/v1` API (opentela/cors.py): answers a preflight from an allowed origin with 204 (403 from
+    another), and adds the CORS headers to every answer, streamed ones included, to a request from an allowed
+    origin. Requests without an Origin, and every other path, pass through untouched."""
+
+    def __init__(self, app: Any, policy: cors.CorsPolicy) -> None:
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope.get("path", "").startswith(cors.API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        wanted = {b"origin": "", b"access-control-request-method": "", b"access-control-request-headers": ""}
+        found: dict[bytes, str] = {}
+        for name, value in scope.get("headers") or ():
+            if name in wanted and name not in found:
+                found[name] = value.decode("latin-1")
+        origin = found.get(b"origin")
+        if cors.is_preflight(scope.get("method", ""), origin, found.get(b"access-control-request-method")):
+            assert origin is not None
+            await self._preflight(origin, found.get(b"access-control-request-headers"), scope, send)
+            return
+        headers = self.policy.answer_headers(origin)
+        if headers is None:
+            await self.app(scope, receive, send)
+            return
+        extra = [(k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()]
+
+        async def send_with_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*(message.get("headers") or ()), *extra]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+    async def _preflight(self, origin: str, requested: str | None, scope: dict[str, Any], send: Any) -> None:
+        headers = self.policy.preflight_headers(origin, requested)
+        if headers is None:
+            request_id = scope.get("state", {}).get("request_id")
+            status, err_headers, body = edge.render_error(
+                OriginNotAllowedError(cors.refusal_message(origin)), request_id
+            )
+            out = {**err_headers, "Content-Type": edge.JSON_CONTENT_TYPE, "Content-Length": str(len(body))}
+        else:
+            status, body, out = 204, b"", headers
+        raw = [(k.lower().encode(), v.encode("latin-1")) for k, v in out.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 def _docs_page() -> HTMLResponse:
     return get_swagger_ui_html(
         openapi_url="/openapi.json",
@@ -156,12 +208,16 @@ def create_app(state: FrontendState, login: Login) -> FastAPI:
     )
     app.state.frontend = state
     app.state.login = login
-    # Innermost first: the access log sees the request as sent; the security headers (the API reference's own
-    # policy) and the routes see its path without a trailing slash, and the routes see HEAD as GET.
+    # Innermost first: the access log sees the request as sent (and names it before CORS answers a preflight);
+    # the security headers (the API reference's own policy) and the routes see its path without a trailing slash,
+    # and the routes see HEAD as GET.
     app.router.redirect_slashes = False
     app.add_middleware(HeadAsGetMiddleware)
     app.add_middleware(SecurityHeadersMiddleware, docs_csp=_docs_csp(bytes(_docs_page().body).decode()))
     app.add_middleware(TrailingSlashMiddleware)
+    policy = state.config.cors_policy()
+    if policy is not None:
+        app.add_middleware(CorsMiddleware, policy=policy)
     app.add_middleware(AccessLogMiddleware)
     install_error_handlers(app)
     app.include_router(openai.router)

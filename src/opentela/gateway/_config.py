@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentela.cors import CorsPolicy
 from opentela.errors import ConfigError
 from opentela.gateway.model_names import ModelNames
 from opentela.gateway.timeout_classes import TimeoutClasses
@@ -161,6 +162,14 @@ class GatewayConfig:
     cooldown_seconds: float = field(
         default=10.0, metadata={"help": "How long a replica in cooldown gets no traffic from this ingress."}
     )
+    cors_origins: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            "help": "Origins whose browser pages may call the `/v1` API (CORS): `*` or exact origins such as "
+            "`https://app.example.org`. Empty: CORS off, since the ingress authenticates no one and any web page "
+            "a user opens could otherwise use an ingress their browser reaches (a local one included)."
+        },
+    )
     server_timing: bool = field(
         default=False,
         metadata={
@@ -233,6 +242,7 @@ class GatewayConfig:
         if self.split_head_threads < 0:
             raise ConfigError("split_head_threads must be >= 0 (0: NumPy's default)")
         self.split_files()
+        self.cors_policy()
         if self.max_output_tokens < 1:
             raise ConfigError(f"max_output_tokens must be at least 1, got {self.max_output_tokens}")
         self.output_caps()
@@ -273,3 +283,7 @@ class GatewayConfig:
     def model_names(self) -> ModelNames:
         """The alias table, retired names and default model; a ConfigError names a bad entry."""
         return ModelNames.from_entries(self.model_aliases, self.retired_models, self.default_model)
+
+    def cors_policy(self) -> CorsPolicy | None:
+        """The origins `cors_origins` allows (None: CORS off); a ConfigError names a malformed entry."""
+        return CorsPolicy.from_setting(self.cors_origins, "gateway.cors_origins")

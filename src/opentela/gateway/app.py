@@ -11,7 +11,7 @@ from aiohttp import web
 from opentela import openai_edge as edge
 from opentela.gateway._config import GatewayConfig
 from opentela.gateway.access_log import GatewayAccessLogger, access_logger
-from opentela.gateway.edge import EdgeRunner, edge_middleware
+from opentela.gateway.edge import EdgeRunner, cors_headers_hook, cors_middleware, edge_middleware
 from opentela.gateway.fast_edge import FastEdgeServer
 from opentela.gateway.mesh import Mesh
 from opentela.gateway.responses import RESPONSES_PATH
@@ -47,8 +47,12 @@ class Gateway:
         return f"<Gateway {self.url or 'not listening'} policy={self.config.policy}>"
 
     def _build_app(self) -> web.Application:
-        app = web.Application(middlewares=[edge_middleware], client_max_size=self.config.max_body_bytes)
+        cors = self.config.cors_policy()
+        middlewares = [edge_middleware] if cors is None else [edge_middleware, cors_middleware(cors)]
+        app = web.Application(middlewares=middlewares, client_max_size=self.config.max_body_bytes)
         app[STATE_KEY] = self.state
+        if cors is not None:
+            app.on_response_prepare.append(cors_headers_hook(cors))
         for path in (*edge.INFERENCE_PATHS, RESPONSES_PATH):
             app.router.add_post(path, handle_inference)
         app.router.add_get("/v1/models", infra.list_models)
@@ -87,6 +91,7 @@ class Gateway:
             keepalive_timeout=self.config.keepalive_timeout,
             header_timeout=self.config.header_timeout,
             max_body_bytes=self.config.max_body_bytes,
+            cors=self.config.cors_policy(),
         )
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(self._edge, host or None, port, reuse_address=True)

@@ -1,21 +1,25 @@
-"""The gateway's adapter of the OpenAI edge: request ids and OpenAI error JSON for every aiohttp answer."""
+"""The gateway's adapter of the OpenAI edge: request ids and OpenAI error JSON for every aiohttp answer, and
+CORS for the `/v1` API when the ingress allows some origins."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 
+from opentela import cors
 from opentela import openai_edge as edge
 from opentela.errors import (
     InvalidRequestError,
     MethodNotAllowedError,
     NotFoundError,
     OpenTelaError,
+    OriginNotAllowedError,
     RequestTooLargeError,
 )
 from opentela.gateway.responses import RESPONSES_PATH
@@ -66,6 +70,53 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         for name in edge.ANSWER_ID_HEADERS:
             response.headers.setdefault(name, request_id)
     return response
+
+
+# --- CORS ---------------------------------------------------------------------------------------------------
+# Installed only when `cors_origins` allows some origin; with CORS off the app has neither. The fast edge adds the
+# answer headers to the inference POSTs it serves itself (gateway/fast_edge.py); preflights, GETs and the
+# connections it hands over are aiohttp's, and get them here.
+
+
+def cors_middleware(policy: cors.CorsPolicy) -> Any:
+    """Answer a preflight to a `/v1` path: 204 with the CORS headers when its origin is allowed, else 403 (inside
+    `edge_middleware`, which renders the error and adds the request id)."""
+
+    @web.middleware
+    async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+        origin = request.headers.get("Origin")
+        if not cors.is_preflight(
+            request.method, origin, request.headers.get(cors.REQUEST_METHOD)
+        ) or not request.path.startswith(cors.API_PREFIX):
+            return await handler(request)
+        assert origin is not None
+        headers = policy.preflight_headers(origin, request.headers.get(cors.REQUEST_HEADERS))
+        if headers is None:
+            raise OriginNotAllowedError(cors.refusal_message(origin))
+        return web.Response(status=204, headers=headers)
+
+    return preflight
+
+
+def cors_headers_hook(
+    policy: cors.CorsPolicy,
+) -> Callable[[web.Request, web.StreamResponse], Awaitable[None]]:
+    """An `on_response_prepare` hook adding the CORS headers to every answer (streams included) to a `/v1`
+    request from an allowed origin."""
+
+    async def add_headers(request: web.Request, response: web.StreamResponse) -> None:
+        if not request.path.startswith(cors.API_PREFIX) or cors.ALLOW_ORIGIN in response.headers:
+            return  # not the API, or a preflight's own answer
+        headers = policy.answer_headers(request.headers.get("Origin"))
+        if headers is None:
+            return
+        for name, value in headers.items():
+            if name == "Vary":
+                response.headers.add(name, value)
+            else:
+                response.headers[name] = value
+
+    return add_headers
 
 
 # --- connection deadlines -----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Measured on the overhead benchmark (docs/benchmarks/overhead.md), aiohttp's requ
 cost about 0.2 ms of the mesh's added latency per request, most of it touching its many objects in a process
 that woke from idle. The inference routes are the hot path, so they get a lean server: httptools parses, a
 CIMultiDict holds the headers, and the answer is written to the transport as bytes. Every other request (GETs,
-the split-model path, upgrade offers, compressed bodies) is handed to aiohttp's own connection
+CORS preflights, the split-model path, upgrade offers, compressed bodies) is handed to aiohttp's own connection
 handler at a request boundary, which serves the rest of that connection: the request is written out again as
 bytes (body de-chunked, with its length) and fed to it, so aiohttp sees what the client sent.
 
@@ -30,6 +30,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from opentela import openai_edge as edge
+from opentela.cors import API_PREFIX, CorsPolicy
 from opentela.errors import InvalidRequestError, OpenTelaError, RequestTooLargeError
 from opentela.gateway.access_log import log_access
 from opentela.gateway.call import Call
@@ -91,12 +92,15 @@ class FastEdgeServer:
         keepalive_timeout: float,
         header_timeout: float,
         max_body_bytes: int,
+        cors: CorsPolicy | None = None,
     ) -> None:
         self.state = state
         self.aiohttp_server = aiohttp_server
         self.keepalive_timeout = keepalive_timeout
         self.header_timeout = header_timeout
         self.max_body_bytes = max_body_bytes
+        self.cors = cors
+        """The origins whose pages may call the API (None: CORS off, and no request's Origin is looked at)."""
         self.check_every = max(0.05, min(keepalive_timeout, header_timeout) / 4)
         """Seconds between deadline checks: a deadline is enforced up to a quarter of it late."""
         self.connections: set[EdgeConnection] = set()
@@ -323,7 +327,10 @@ class EdgeConnection(asyncio.Protocol):
         headers = CIMultiDictProxy(CIMultiDict(msg.headers))
         request_id = edge.request_id(headers.get(edge.REQUEST_ID_HEADER))
         path = msg.path
-        out = _TransportAnswer(self, msg, request_id)
+        cors = self.server.cors
+        out = _TransportAnswer(
+            self, msg, request_id, cors.answer_lines(headers.get("Origin")) if cors is not None else None
+        )
         call: Call | None = None
 
         def keep(c: Call) -> None:
@@ -355,7 +362,10 @@ class EdgeConnection(asyncio.Protocol):
 
     async def _send_error(self, msg: _Message, err: OpenTelaError, *, close: bool) -> None:
         request_id = edge.request_id(None)
-        out = _TransportAnswer(self, msg, request_id)
+        cors, lines = self.server.cors, None
+        if cors is not None and msg.path.startswith(API_PREFIX):
+            lines = cors.answer_lines(next((v for k, v in msg.headers if k.lower() == "origin"), None))
+        out = _TransportAnswer(self, msg, request_id, lines)
         msg.keep_alive = msg.keep_alive and not close
         await out.error(err)
         log_access(
@@ -452,8 +462,10 @@ class EdgeConnection(asyncio.Protocol):
 class _TransportAnswer:
     """AnswerWriter onto an EdgeConnection: HTTP/1.1 bytes, chunked for event streams."""
 
-    def __init__(self, conn: EdgeConnection, msg: _Message, request_id: str) -> None:
+    def __init__(self, conn: EdgeConnection, msg: _Message, request_id: str, cors: str | None = None) -> None:
         self.conn, self.msg, self.request_id = conn, msg, request_id
+        self.cors = cors
+        """CORS header lines every answer carries (CorsPolicy.answer_lines), or None."""
         self.status = 0
         self.sent = 0
         self.chunked = msg.version == "1.1"
@@ -462,6 +474,8 @@ class _TransportAnswer:
         self.status = status
         lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}", f"Date: {self.conn.server.date()}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
+        if self.cors is not None:
+            lines.append(self.cors)
         if not self.msg.keep_alive:
             lines.append("Connection: close")
         elif self.msg.version == "1.0":

@@ -114,3 +114,22 @@ def test_slurm_passes_the_new_start_flags_on(tmp_path: Path) -> None:
         *("--model-alias", "smol=org/SmolLM2"),
         *("--default-model", "smol"),
     ]
+
+
+@pytest.mark.parametrize(("command", "section"), [("start", "gateway"), ("frontend", "frontend")])
+def test_cors_origin_flags_beat_the_variables_and_the_file(
+    command: str, section: str, tmp_path: Path
+) -> None:
+    file = tmp_path / "otela.yaml"
+    file.write_text(f"{section}:\n  cors_origins: [https://file.example]\n")
+    env = {f"OTELA_{section.upper()}_CORS_ORIGINS": "https://env.example, http://localhost:5173"}
+
+    def origins(argv: list[str], env: dict[str, str]) -> tuple[str, ...]:
+        return getattr(_config([command, *argv], env, file), section).cors_origins
+
+    assert origins([], {}) == ("https://file.example",)
+    assert origins([], env) == ("https://env.example", "http://localhost:5173")
+    argv = ["--cors-origin", "https://a.example", "--cors-origin", "https://b.example:8443"]
+    assert origins(argv, env) == ("https://a.example", "https://b.example:8443")
+    with pytest.raises(ConfigError, match=rf"{section}.cors_origins.*'https://a.example/'"):
+        origins(["--cors-origin", "https://a.example/"], {})
