@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from meshkit import MODEL, chat, gateway_kit
+from meshkit import chat, gateway_kit
 
 from opentela.engines.advertised import TOOL_CALLS
 from opentela.engines.llamacpp import PROPS, props_settings
