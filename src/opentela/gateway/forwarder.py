@@ -4,6 +4,7 @@ relay the answer, and book every attempt and every request exactly once."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -210,10 +211,7 @@ class Forwarder:
         def candidates() -> Sequence[NodeRecord]:
             pool, call.pool = call.pool, None
             # `accept`'s pool is still current for the first attempt: nothing has waited since it was read.
-            if pool is not None:
-                return pool
-            pool = self.router.eligible(call.model, call.routing)
-            return tool_takers(pool, call.model) if call.needs_tools else pool
+            return pool if pool is not None else self._eligible(call)
 
         try:
             async with asyncio.timeout_at(call.deadline):
@@ -255,6 +253,11 @@ class Forwarder:
         call.status = str(attempt.head.status)
         call.sent = len(content)
         return content
+
+    def _eligible(self, call: Call) -> Sequence[NodeRecord]:
+        """The replicas `call` may go to now: only those that take tools when it asks for tool calls."""
+        pool = self.router.eligible(call.model, call.routing)
+        return tool_takers(pool, call.model) if call.needs_tools else pool
 
     async def relay(self, call: Call, first: bytes, write: Write) -> OpenTelaError | None:
         """Pipe a stream's chunks to `write` as they arrive; the error that broke it off, if one did.
@@ -331,9 +334,7 @@ class Forwarder:
         if isinstance(err, UpstreamTimeout) and asyncio.get_running_loop().time() >= call.deadline:
             return None  # the request's own time is up, not the replica's
 
-        def candidates() -> Sequence[NodeRecord]:
-            return self.router.eligible(call.model, call.routing)
-
+        candidates = functools.partial(self._eligible, call)
         original = json.loads(call.body.raw)
         while splice.can_resume and self.can_retry(candidates, call.tried, call.limits):
             body = splice.continuation(original)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 
-from meshkit import chat, gateway_kit
+from meshkit import MODEL, chat, gateway_kit
 
 from opentela.engines.advertised import TOOL_CALLS
 from opentela.engines.llamacpp import PROPS, props_settings
+from opentela.engines.simulated import SimulatedConfig
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 
@@ -41,3 +42,16 @@ async def test_tools_go_to_the_replicas_that_take_them() -> None:
             status, headers, _ = await kit.post(chat(tools=[WEATHER]))
             assert status == 200 and headers["X-Otela-Session"] == "s-unknown"
         assert kit.requests_seen("plain") == 0
+
+
+async def test_a_broken_stream_with_tools_never_resumes_on_a_replica_without_them() -> None:
+    async with gateway_kit() as kit:
+        await kit.replica("a", SimulatedConfig(model=MODEL, ttft_ms=1, itl_ms=1, crash_after=0))
+        await kit.replica("plain", settings={TOOL_CALLS: False})
+        assert kit.http is not None
+        body = chat(max_tokens=5, stream=True, tools=[WEATHER])
+        async with kit.http.post(kit.url + "/v1/chat/completions", json=body) as resp:
+            assert resp.status == 200
+            events = [line async for line in resp.content if line.startswith(b"data: ")]
+        assert b"error" in events[-1]  # a's stream broke and no replica that takes tools was left
+        assert kit.requests_seen("a") == 1 and kit.requests_seen("plain") == 0
