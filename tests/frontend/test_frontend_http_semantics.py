@@ -41,7 +41,7 @@ async def ingress() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
     """A stand-in ingress: records each forwarded body; model `busy` gets the gateway's 503 no_trusted_provider."""
     seen: list[dict[str, Any]] = []
 
-    async def chat(request: web.Request) -> web.Response:
+    async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
         if body.get("model") == "busy":
@@ -54,6 +54,24 @@ async def ingress() -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
             "choices": [{"message": {"role": "assistant", "content": "ok"}}],
             "usage": {"prompt_tokens": 3, "completion_tokens": 1},
         }
+        if body.get("model") == "multi" and body.get("stream"):  # the same, streamed: 2 chunks per choice
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            for k in range(2):
+                for i in range(3):
+                    delta = {"choices": [{"index": i, "delta": {"content": f"w{k}"}}]}
+                    await resp.write(b"data: " + json.dumps(delta).encode() + b"\n\n")
+            usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+            await resp.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            return resp
+        if body.get("model") == "multi":  # llama.cpp's way with n > 1: usage counts one choice
+            text = "forty characters of generated text here."
+            reply = {
+                "choices": [
+                    {"index": i, "message": {"role": "assistant", "content": text}} for i in range(3)
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 10},
+            }
         return web.json_response(
             reply, headers={"X-Otela-Provider": "lab-a", "X-Otela-Node": "12D3KooWstandin"}
         )
@@ -263,3 +281,25 @@ async def test_listings_render_a_stored_non_finite_value_as_null(frontend: Front
     for row in (mine, listed):
         assert row["latency_ms"] is None and row["ttft_ms"] is None
         assert row["sampling"] == {"top_p": None, "temperature": 0.5}
+
+
+async def test_an_answer_of_several_choices_is_metered_at_least_by_their_text(frontend: Frontend) -> None:
+    key = await _key(frontend)
+    async with aiohttp.ClientSession() as http:
+        body = {**CHAT, "model": "multi", "n": 3}
+        async with http.post(frontend.url + "/v1/chat/completions", json=body, headers=key) as r:
+            assert r.status == 200 and len((await r.json())["choices"]) == 3
+    (row,) = await frontend.state.ledger.rows(limit=10)
+    assert row.output_tokens == 30 and row.tokens_estimated  # 3 x 10 estimated tokens, not the 10 reported
+
+
+async def test_a_stream_of_several_choices_is_metered_at_least_by_its_chunks(frontend: Frontend) -> None:
+    key = await _key(frontend)
+    async with aiohttp.ClientSession() as http:
+        body = {**CHAT, "model": "multi", "n": 3, "stream": True}
+        async with http.post(frontend.url + "/v1/chat/completions", json=body, headers=key) as r:
+            assert r.status == 200 and b"[DONE]" in await r.read()
+    (row,) = await frontend.state.ledger.rows(limit=10)
+    assert (
+        row.output_tokens == 6 and row.tokens_estimated
+    )  # six chunks over three choices, not the 2 reported

@@ -257,21 +257,32 @@ def _response_text(payload: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _choice_text(choice: Any) -> str:
+    """The generated text of one choice of a whole chat or completion answer."""
+    if not isinstance(choice, dict):
+        return ""
+    message = choice.get("message")
+    if isinstance(message, dict) and isinstance(message.get("content"), str):
+        return message["content"]
+    return choice["text"] if isinstance(choice.get("text"), str) else ""
+
+
 def _count_whole(payload: Any, admission: Admission) -> TokenCount:
     reported = reported_usage(payload)
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    choices = choices if isinstance(choices, list) else []
     if reported is not None:
+        if len(choices) > 1:
+            # llama.cpp reports one sequence's completion tokens for an answer of several (`n` > 1, a list of
+            # prompts): metering that would let a key's budget be bypassed, so the choices' own text is a floor.
+            floor = sum(estimate_text_tokens(_choice_text(c)) for c in choices)
+            if floor > reported[1]:
+                return TokenCount(reported[0], floor, estimated=True)
         return TokenCount(reported[0], reported[1], estimated=False)
-    text = ""
     if isinstance(payload, dict) and payload.get("object") == "response":
         text = _response_text(payload)
-    elif isinstance(payload, dict):
-        for choice in payload.get("choices") or ():
-            if isinstance(choice, dict):
-                message = choice.get("message")
-                if isinstance(message, dict) and isinstance(message.get("content"), str):
-                    text += message["content"]
-                elif isinstance(choice.get("text"), str):
-                    text += choice["text"]
+    else:
+        text = "".join(_choice_text(c) for c in choices)
     return TokenCount(admission.input_estimate, estimate_text_tokens(text), estimated=True)
 
 
@@ -298,8 +309,16 @@ async def _relay(
     finished = False
     last_checkpoint = time.monotonic()
 
+    several = False
+    """Text came for more than one choice (`n` > 1, a list of prompts)."""
+
     def outcome(status: str, why: str | None = None) -> Outcome:
         if reported is not None:
+            if several and content_chunks > reported[1]:
+                # llama.cpp's usage counts one choice of several: their streamed chunks are the floor.
+                return Outcome(
+                    status, 200, provider, node, reported[0], content_chunks, True, ttft_ms, why or error
+                )
             return Outcome(
                 status, 200, provider, node, reported[0], reported[1], False, ttft_ms, why or error
             )
@@ -345,6 +364,9 @@ async def _relay(
                             continue  # the usage-only chunk we asked for; the client did not
                     if chunk_text(data):
                         content_chunks += 1
+                        several = several or any(
+                            isinstance(c, dict) and c.get("index", 0) != 0 for c in data.get("choices") or ()
+                        )
                         if ttft_ms is None:
                             ttft_ms = round((time.time() - admission.started_at) * 1000, 3)
                 yield event
