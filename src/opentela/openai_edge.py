@@ -213,7 +213,8 @@ def model_and_stream(body: Mapping[str, Any]) -> tuple[str, bool]:
     return model, stream
 
 
-_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
+"""OpenAI's message roles, and `ipython`: Llama 3's role for tool output, which its chat templates and vLLM take."""
 _RANGES = {
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
@@ -251,8 +252,9 @@ def validate(kind: str, body: Mapping[str, Any]) -> tuple[str, bool]:
         if not isinstance(body.get("prompt"), (str, list)):
             raise InvalidRequestError("`prompt` must be a string or a list", param="prompt")
         logprobs = body.get("logprobs")
-        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= 5):
-            raise InvalidRequestError("`logprobs` must be an integer from 0 to 5", param="logprobs")
+        # OpenAI stops at 5; vLLM serves up to 20 (its default --max-logprobs), and its users ask for that many.
+        if logprobs is not None and (type(logprobs) is not int or not 0 <= logprobs <= 20):
+            raise InvalidRequestError("`logprobs` must be an integer from 0 to 20", param="logprobs")
     elif kind == "embeddings":
         if not isinstance(body.get("input"), (str, list)) or not body.get("input"):
             raise InvalidRequestError("`input` must be a non-empty string or list", param="input")

@@ -68,7 +68,8 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
         ("chat", {"model": "m", "messages": [USER], "logprobs": "yes"}, "logprobs"),
         ("chat", {"model": "m", "messages": [USER], "top_logprobs": 3}, "top_logprobs"),
         ("chat", {"model": "m", "messages": [USER], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
-        ("completions", {"model": "m", "prompt": "x", "logprobs": 6}, "logprobs"),
+        ("completions", {"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
+        ("completions", {"model": "m", "prompt": "x", "logprobs": True}, "logprobs"),
         ("completions", {"model": "m"}, "prompt"),
         ("embeddings", {"model": "m", "input": ""}, "input"),
         ("embeddings", {"model": "m", "input": "x", "stream": True}, "stream"),
@@ -115,7 +116,7 @@ def test_what_openai_accepts_passes() -> None:
     }
     assert validate("chat", body) == ("m", False)
     assert validate("chat", {"model": "m", "messages": [USER], "tool_choice": "none"}) == ("m", False)
-    assert validate("completions", {"model": "m", "prompt": [1, 2, 3], "logprobs": 5}) == ("m", False)
+    assert validate("completions", {"model": "m", "prompt": [1, 2, 3], "logprobs": 20}) == ("m", False)
 
 
 @pytest.mark.parametrize("raw", [b'{"model": "m", "top_p": NaN}', b'{"x": Infinity}', b'{"x": -1e999}'])
@@ -127,3 +128,8 @@ def test_numbers_json_cannot_hold_are_refused(raw: bytes) -> None:
 def test_bodies_in_any_json_encoding_still_parse() -> None:
     assert parse_body('{"model": "m", "t": 0.5}'.encode("utf-16")) == {"model": "m", "t": 0.5}
     assert parse_body(b'{"s": "\\ud800"}') == {"s": "\ud800"}  # a lone surrogate, as json.loads takes it
+
+
+def test_llama_3s_tool_output_role_passes() -> None:
+    body = {"model": "m", "messages": [USER, {"role": "ipython", "content": '{"temp": 20}'}]}
+    assert validate("chat", body) == ("m", False)
