@@ -22,3 +22,15 @@ def ok(body: bytes, extra: bytes = b"") -> bytes:
         extra,
         body,
     )
+
+
+LLAMA_CONTEXT_ERROR = {
+    "error": {
+        "code": 400,
+        "message": "request (5031 tokens) exceeds the available context size (2048 tokens)",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5031,
+        "n_ctx": 2048,
+    }
+}
+"""llama.cpp's own answer to a prompt past its context window, as its server sends it (HTTP 400)."""

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from opentela import openai_edge as edge
 from opentela.errors import InvalidRequestError, NoHealthyReplicaError, OpenTelaError
+from scripted_engine import LLAMA_CONTEXT_ERROR
 
 
 def test_sane_client_request_ids_are_kept_others_replaced() -> None:
@@ -155,15 +156,7 @@ def _error_of(status: int, content: bytes, kind: str | None = "chat") -> dict:
 
 
 def test_engine_errors_come_out_in_openai_shape() -> None:
-    llama = {
-        "error": {
-            "code": 400,
-            "message": "request (5031 tokens) exceeds the available context size (2048 tokens)",
-            "type": "exceed_context_size_error",
-            "n_prompt_tokens": 5031,
-            "n_ctx": 2048,
-        }
-    }
+    llama = LLAMA_CONTEXT_ERROR
     err = _error_of(400, json.dumps(llama).encode())
     assert (err["type"], err["code"], err["param"]) == (
         "invalid_request_error",

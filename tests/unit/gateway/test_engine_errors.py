@@ -9,15 +9,7 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 from meshkit import MODEL, chat, gateway_kit, record
 
-LLAMA_CONTEXT_ERROR = {
-    "error": {
-        "code": 400,
-        "message": "request (5031 tokens) exceeds the available context size (2048 tokens)",
-        "type": "exceed_context_size_error",
-        "n_prompt_tokens": 5031,
-        "n_ctx": 2048,
-    }
-}
+from scripted_engine import LLAMA_CONTEXT_ERROR
 
 
 @asynccontextmanager
