@@ -234,6 +234,12 @@ def validate(kind: str, body: Mapping[str, Any]) -> tuple[str, bool]:
     answers in its own words, ignores the field, or fails with a 500 that would count against its health.
     """
     model, stream = model_and_stream(body)
+    check_fields(kind, body, stream)
+    return model, stream
+
+
+def check_fields(kind: str, body: Mapping[str, Any], stream: bool) -> None:
+    """`validate` past `model` and `stream`, for a caller that has read those already (the gateway)."""
     if kind == "chat":
         _check_messages(body.get("messages"))
         _check_tools(body)
@@ -282,7 +288,6 @@ def validate(kind: str, body: Mapping[str, Any]) -> tuple[str, bool]:
     user = body.get("user")
     if user is not None and type(user) is not str:
         raise InvalidRequestError("`user` must be a string", param="user")
-    return model, stream
 
 
 def _check_messages(messages: Any) -> None:

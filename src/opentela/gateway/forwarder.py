@@ -125,7 +125,7 @@ class Forwarder:
             self.metrics.errors.labels(label, NO_NODE, err.code).inc()
             raise err
         if kind is not None:  # after the model's check: an unknown model is the first thing to hear about
-            edge.validate(kind, asked)
+            edge.check_fields(kind, asked, body.stream)
         needs_tools = kind == "chat" and wants_tools(asked)
         if needs_tools:
             pool = require_tool_takers(pool, body.model)
